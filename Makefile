@@ -1,0 +1,43 @@
+# ddp_teach: `make lab` runs the course, `make test` checks all of it.
+# Everything lives in .venv and .jupyter inside the repo; nothing is
+# registered elsewhere (no global kernel spec, no ~/.jupyter settings).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Extra pip arguments for torch, e.g. a CPU-only index on a laptop (README).
+TORCH_PIP_ARGS ?=
+
+export JUPYTER_CONFIG_DIR := $(CURDIR)/.jupyter/config
+export JUPYTER_DATA_DIR := $(CURDIR)/.jupyter/data
+export JUPYTER_RUNTIME_DIR := $(CURDIR)/.jupyter/runtime
+export IPYTHONDIR := $(CURDIR)/.jupyter/ipython
+export MPLCONFIGDIR := $(CURDIR)/.jupyter/matplotlib
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: setup lab test bench html clean
+
+setup: $(STAMP)
+
+# Re-installs only when pyproject.toml changes; otherwise a no-op.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python benchmarks/launcher_latency.py
+
+html: setup
+	mkdir -p build/html
+	$(BIN)/jupyter nbconvert --to html --execute --output-dir build/html notebooks/*.ipynb
+
+clean:
+	rm -rf $(VENV) .jupyter build *.egg-info

@@ -1,0 +1,65 @@
+"""Every rank's output, live in the cell, each line marked with its rank.
+
+Workers write to their file descriptors 1 and 2 (Python prints, C++ warnings,
+anything); the kernel reads those pipes and prints each finished line as
+`[rank r] ...` on its own stdout or stderr, which Jupyter shows in the cell.
+The whole output of each rank is also kept in a log file, so that a learner
+who prints megabytes loses nothing even though the cell shows only the first
+`cell_limit` bytes (a browser tab stalls on more).
+"""
+import codecs
+import os
+
+CELL_LIMIT_BYTES = 1_000_000
+
+
+class OutputRouter:
+    """Turns raw per-rank chunks into prefixed lines in the cell and logs."""
+
+    def __init__(self, world_size: int, log_dir: str, stdout, stderr,
+                 cell_limit: int = CELL_LIMIT_BYTES):
+        self._sinks = {"out": stdout, "err": stderr}
+        self._decoders = {(r, s): codecs.getincrementaldecoder("utf-8")("replace")
+                          for r in range(world_size) for s in self._sinks}
+        self._partial = {key: "" for key in self._decoders}
+        self._logs = {r: open(os.path.join(log_dir, f"rank{r}.log"), "wb")
+                      for r in range(world_size)}
+        self.log_dir = log_dir
+        self._shown = 0
+        self._limit = cell_limit
+        self._cut = False
+
+    def feed(self, rank: int, stream: str, chunk: bytes) -> None:
+        """Take bytes a rank wrote; print the lines they complete."""
+        self._logs[rank].write(chunk)
+        text = self._partial[rank, stream] + self._decoders[rank, stream].decode(chunk)
+        *lines, self._partial[rank, stream] = text.split("\n")
+        self._show(rank, stream, lines)
+
+    def close(self, rank: int, stream: str) -> None:
+        """The stream ended: print its unfinished last line, if any."""
+        tail = self._partial[rank, stream] + self._decoders[rank, stream].decode(
+            b"", final=True)
+        self._partial[rank, stream] = ""
+        if tail:
+            self._show(rank, stream, [tail])
+
+    def finish(self) -> None:
+        for log in self._logs.values():
+            log.close()
+        for sink in self._sinks.values():
+            sink.flush()
+
+    def _show(self, rank: int, stream: str, lines: list[str]) -> None:
+        if not lines or self._cut:
+            return
+        text = "".join(f"[rank {rank}] {line}\n" for line in lines)
+        self._shown += len(text)
+        if self._shown > self._limit:
+            self._cut = True
+            text = (f"[ddp_teach] the cell shows only the first {self._limit:,} "
+                    f"bytes of output; every rank's full output is in "
+                    f"{self.log_dir}/rank<r>.log\n")
+            stream = "err"
+        self._sinks[stream].write(text)
+        self._sinks[stream].flush()

@@ -1,0 +1,62 @@
+"""What this machine offers a run: cores, GPUs, the backend, the loopback.
+
+Kept apart from the launcher so that notebook 00's environment check and the
+launcher's choices come from the same functions.
+"""
+import os
+import socket
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def cpu_cores() -> int:
+    """Cores this process may use (respects taskset / container limits)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity call
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(world_size: int) -> int:
+    """Intra-op threads per worker, so that ranks do not fight over cores."""
+    return max(1, cpu_cores() // world_size)
+
+
+def gpu_count() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def choose_backend(backend: str, world_size: int) -> str:
+    """'auto' is nccl when there is a GPU per rank, else gloo; 'nccl' without
+    enough GPUs is refused before anything starts."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got "
+                         f"{backend!r}")
+    gpus = gpu_count() if backend != "gloo" else 0
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(
+            f"backend='nccl' needs one CUDA GPU per rank: world_size={world_size} "
+            f"but this machine has {gpus}. Use backend='gloo' (CPU) or 'auto'.")
+    if backend == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    return backend
+
+
+def loopback_interface() -> str:
+    """The loopback interface's name ('lo' on Linux, 'lo0' on macOS)."""
+    for _, name in socket.if_nameindex():
+        if name.startswith("lo"):
+            return name
+    return "lo"
+
+
+def describe() -> dict:
+    """The facts notebook 00 prints: cores, GPUs, backend, versions."""
+    import torch
+    import torch.distributed as dist
+    return {"torch": torch.__version__, "cpu_cores": cpu_cores(),
+            "cuda_gpus": gpu_count(), "gloo": dist.is_gloo_available(),
+            "nccl": dist.is_nccl_available(),
+            "backend for 2 ranks": choose_backend("auto", 2),
+            "threads per rank at 2 ranks": threads_per_rank(2)}

@@ -1,0 +1,120 @@
+"""What one forked worker does to become rank r of a run.
+
+The order matters and follows what `torchrun` gives a training script: the
+output descriptors first (so that nothing printed is lost, C++ warnings
+included), then the environment variables a torchrun worker sees, then the
+process group, then the learner's function. Whatever happens, exactly one
+message goes back on the result pipe: the return value, or the exception.
+"""
+import faulthandler
+import io
+import linecache
+import os
+import pickle
+import signal
+import sys
+import traceback
+from datetime import timedelta
+
+from ddp_teach import wire
+from ddp_teach.procs import set_parent_death_signal
+
+EXIT_FAILED = 1
+
+
+def _take_over_output(stdout_fd: int, stderr_fd: int) -> None:
+    """Point fds 1 and 2 at the kernel's pipes; line-buffer Python's streams."""
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    os.close(stdout_fd)
+    os.close(stderr_fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True)
+
+
+def _describe_exception(exc: BaseException) -> dict:
+    """The exception as text, starting at the learner's code, not ours."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return {"kind": "error",
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, tb))}
+
+
+def _encode_value(value, rank: int) -> dict:
+    """The return value as a message; CUDA tensors come back on the CPU."""
+    import cloudpickle
+    import torch
+    from torch.utils._pytree import tree_map
+    value = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor)
+                     and x.is_cuda else x, value)
+    try:
+        return {"kind": "value", "value": cloudpickle.dumps(value)}
+    except Exception as exc:  # reported to the learner as this rank's failure
+        return {"kind": "error", "type": "UnpicklableReturnValue",
+                "message": f"rank {rank} returned a {type(value).__name__}, "
+                           f"which cannot be sent back to the notebook: {exc}. "
+                           "Return plain values or tensors instead.",
+                "traceback": ""}
+
+
+def _init_process_group(job: dict, rank: int):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(job["threads"])
+    if job["debug"]:
+        dist.set_debug_level_from_env()
+    store = dist.TCPStore("127.0.0.1", job["port"], is_master=False,
+                          timeout=timedelta(seconds=job["pg_timeout_s"]))
+    device_id = None
+    if job["backend"] == "nccl":
+        torch.cuda.set_device(rank)
+        device_id = torch.device("cuda", rank)
+    dist.init_process_group(job["backend"], store=store, rank=rank,
+                            world_size=job["world_size"], device_id=device_id,
+                            timeout=timedelta(seconds=job["pg_timeout_s"]))
+
+
+def _run(rank: int, job: dict) -> dict:
+    import cloudpickle
+    os.environ.clear()
+    os.environ.update(job["env"])
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    os.chdir(job["cwd"])
+    sys.path[:] = job["sys_path"]
+    linecache.cache.update(job["cell_sources"])
+    faulthandler.register(signal.SIGUSR1, all_threads=True,
+                          file=open(job["stack_files"][rank], "w"))
+    try:
+        fn, args, kwargs = cloudpickle.loads(job["call"])
+        _init_process_group(job, rank)
+        value = fn(rank, job["world_size"], *args, **kwargs)
+        return _encode_value(value, rank)
+    except BaseException as exc:  # any failure goes back to the kernel
+        return _describe_exception(exc)
+
+
+def main(rank: int, fds: list[int], job_bytes: bytes) -> None:
+    """Run rank `rank` of the job and exit; called in the forked child."""
+    stdout_fd, stderr_fd, result_fd = fds
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    set_parent_death_signal()
+    _take_over_output(stdout_fd, stderr_fd)
+    job = pickle.loads(job_bytes)
+    outcome = _run(rank, job)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    wire.write_message(result_fd, outcome)  # before teardown, which may block
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if outcome["kind"] == "value" else EXIT_FAILED)
