@@ -17,7 +17,11 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: setup lab test bench html clean
 
-setup: $(STAMP)
+setup: $(STAMP) | .jupyter
+
+.jupyter:
+	mkdir -p $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR) \
+		$(IPYTHONDIR) $(MPLCONFIGDIR)
 
 # Re-installs only when pyproject.toml changes; otherwise a no-op.
 $(STAMP): pyproject.toml

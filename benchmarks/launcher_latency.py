@@ -16,6 +16,7 @@ and prints the same table.
 
 Run from the repo root: `make bench` (about 2-4 minutes on 2 cores).
 """
+import contextlib
 import datetime
 import inspect
 import os
@@ -110,7 +111,8 @@ def timed_script(script_path: str, world_size: int) -> float:
     try:
         out, err = child.communicate(timeout=SUBPROCESS_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the script and its workers
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.killpg(child.pid, signal.SIGKILL)  # the script and its workers
         child.communicate()
         raise RuntimeError(f"{script_path} {world_size} ran past "
                            f"{SUBPROCESS_TIMEOUT_S} s") from None

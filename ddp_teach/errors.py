@@ -9,7 +9,8 @@ import linecache
 import re
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
-_LAUNCHER_FILES = ("ddp_teach/worker.py", "ddp_teach/forkserver.py")
+_LAUNCHER_FILES = ("ddp_teach/worker.py", "ddp_teach/forkserver.py",
+                   "ddp_teach/magic.py")
 _COLLECTIVE_FILES = ("torch/distributed/",)
 
 
@@ -45,12 +46,12 @@ def failure_message(failures: dict[int, dict], order: list[int],
         lines.append(f"rank {rank} failed too, later: "
                      f"{other['type']}: {_short(other['message'])}")
     if stopped:
-        lines.append(f"ranks {_ranks(stopped)} were still running and were "
+        lines.append(f"{_who(stopped, 'was', 'were')} still running and "
                      f"stopped after rank {first} failed.")
-    if returned:
-        lines.append(f"ranks {_ranks(returned)} had already returned; a rank "
-                     "that skips a collective its peers call makes them fail "
-                     "or wait.")
+    if returned and any(part in info["traceback"] for part in _COLLECTIVE_FILES):
+        lines.append(f"{_who(returned, 'had', 'had')} already returned while "
+                     f"rank {first} was in a collective: a rank that skips a "
+                     "collective its peers call makes them fail or wait.")
     return "\n".join(line for line in lines if line is not None).strip()
 
 
@@ -67,7 +68,7 @@ def parse_stack(dump: str) -> list[tuple[str, int, str]]:
             current = []
     if current:
         blocks.append(current)
-    main = next((b for b in blocks if any(f[0].endswith(_LAUNCHER_FILES[0])
+    main = next((b for b in blocks if any(f[0].endswith(_LAUNCHER_FILES)
                                           for f in b)), blocks[-1] if blocks else [])
     frames = list(reversed(main))  # faulthandler lists the innermost first
     ours = [i for i, f in enumerate(frames) if f[0].endswith(_LAUNCHER_FILES)]
@@ -101,13 +102,13 @@ def timeout_message(timeout: float, stacks: dict[int, str],
                     finished: list[int], suspect: int) -> str:
     waiting = [r for r, c in in_collective.items() if c]
     lines = [f"the run did not finish within timeout={timeout:g} s; "
-             f"ranks {_ranks(sorted(stacks))} were still running"
-             + (f" (ranks {_ranks(finished)} had returned)." if finished else ".")]
+             f"{_who(sorted(stacks), 'was', 'were')} still running"
+             + (f" ({_who(finished, 'had', 'had')} returned)." if finished else ".")]
     if waiting and suspect not in waiting:
-        lines.append(f"ranks {_ranks(waiting)} wait inside a collective while "
+        lines.append(f"{_who(waiting, 'waits', 'wait')} inside a collective while "
                      f"rank {suspect} is elsewhere: look at rank {suspect} first.")
     elif waiting:
-        lines.append(f"ranks {_ranks(waiting)} wait inside a collective: are "
+        lines.append(f"{_who(waiting, 'waits', 'wait')} inside a collective: are "
                      "all ranks calling the same collectives in the same order? "
                      "Run again with debug=True to have torch compare them.")
     for rank in sorted(stacks):
@@ -125,5 +126,8 @@ def _short(message: str, limit: int = 240) -> str:
     return first if len(first) <= limit else first[:limit - 1] + "…"
 
 
-def _ranks(ranks) -> str:
-    return ", ".join(str(r) for r in ranks)
+def _who(ranks, singular: str, plural: str) -> str:
+    """'rank 0 was' or 'ranks 0, 2 were': the subject and verb of a sentence."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} {singular}"
+    return f"ranks {', '.join(str(r) for r in ranks)} {plural}"

@@ -21,7 +21,7 @@ import socket
 import sys
 import tempfile
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from ddp_teach.forkserver import ForkServer
 from ddp_teach.monitor import Monitor, RankPipes
@@ -74,8 +74,12 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     run_dir = _new_run_dir()
     store, port = _kernel_store(timeout)
     job = _job(call, world_size, backend, port, timeout, env, debug, run_dir)
-    outcomes = _launch_and_watch(server, job, world_size, timeout)
-    del store  # closes the rendezvous socket
+    try:
+        outcomes = _launch_and_watch(server, job, world_size, timeout)
+    except WorkerError as error:  # raised here so the traceback is short: the
+        raise error.with_traceback(None) from None  # message has the remote one
+    finally:
+        del store  # closes the rendezvous socket
     values = [_unpickle_value(rank, o["value"]) for rank, o in enumerate(outcomes)]
     return RunResult(values, time.perf_counter() - started, backend, run_dir)
 
@@ -171,13 +175,34 @@ def _fork_server() -> ForkServer:
 
 
 def _new_run_dir() -> str:
-    """A fresh folder for this run's logs and stacks; old ones are pruned."""
+    """A fresh folder for this run's logs and stacks.
+
+    Each kernel has a folder of its own and prunes only its own old runs, so
+    two notebooks never delete each other's live runs; folders of kernels that
+    have exited are removed.
+    """
     base = os.path.join(tempfile.gettempdir(), f"ddp_teach-{os.getuid()}")
-    os.makedirs(base, exist_ok=True)
-    old = sorted(os.listdir(base))
+    mine = os.path.join(base, f"kernel-{os.getpid()}")
+    os.makedirs(mine, exist_ok=True)
+    for name in os.listdir(base):
+        pid = name.removeprefix("kernel-")
+        if pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    old = sorted(os.listdir(mine))
     for name in old[:max(0, len(old) - KEEP_RUN_DIRS + 1)]:
-        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=time.strftime("run-%Y%m%d-%H%M%S-"), dir=base)
+        shutil.rmtree(os.path.join(mine, name), ignore_errors=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")  # sorts by age
+    return tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=mine)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process holds that pid
 
 
 def _check_inputs(fn, world_size, args, kwargs, timeout, env) -> None:

@@ -57,6 +57,7 @@ def register(ipython) -> None:
         except SystemExit:
             raise ValueError("usage: %%ddp [-n WORLD_SIZE] [--timeout SECONDS] "
                              "[--backend auto|gloo|nccl] [--trace] [--debug]") from None
+        cell = "\n" + cell  # line numbers count the %%ddp line, as the learner sees
         ast.parse(cell)  # a syntax error is shown here, not from every rank
         filename = ipython.compile.cache(cell)  # makes tracebacks show the cell
         names = _used_names(cell, ipython.user_ns)

@@ -10,7 +10,7 @@ works even inside a blocking C++ collective), then killed. In every case, an
 interrupt included, no worker outlives `wait()`.
 """
 import os
-import select
+import selectors
 import signal
 import time
 
@@ -31,7 +31,8 @@ class RankPipes:
         self.open_fds = {out_fd: "out", err_fd: "err", res_fd: "result"}
         self.buffer = MessageBuffer()
         self.outcome = None       # the worker's message: value or error
-        self.failed_at = None     # when the kernel learnt it failed
+        self.failed_at = None     # when the kernel learnt it failed (monotonic)
+        self.failed_wall = None   # when it failed (wall clock, shared by ranks)
 
     def streams_closed(self) -> bool:
         return not any(kind != "result" for kind in self.open_fds.values())
@@ -46,6 +47,11 @@ class Monitor:
         self.server, self.ranks, self.router = server, ranks, router
         self.timeout, self.stack_files = timeout, stack_files
         self.started = time.monotonic()
+        self.selector = selectors.DefaultSelector()  # no FD_SETSIZE limit
+        self.selector.register(server.sock, selectors.EVENT_READ, None)
+        for rank in ranks:
+            for fd in rank.open_fds:
+                self.selector.register(fd, selectors.EVENT_READ, rank)
 
     def wait(self) -> list[dict]:
         """Each rank's outcome message, in rank order; raises on failure."""
@@ -55,6 +61,7 @@ class Monitor:
             self._stop_all()
             raise
         finally:
+            self.selector.close()
             for rank in self.ranks:
                 for fd in rank.open_fds:
                     os.close(fd)
@@ -78,14 +85,11 @@ class Monitor:
 
     def _pump(self, wait_s: float) -> None:
         """Wait up to wait_s for any pipe to have data, then handle it all."""
-        owners = {fd: rank for rank in self.ranks for fd in rank.open_fds}
-        readable, _, _ = select.select(list(owners) + [self.server.sock], [], [],
-                                       max(wait_s, 0))
-        for fd in readable:
-            if fd is self.server.sock:
-                self.server.read_notes()
+        for key, _ in self.selector.select(max(wait_s, 0)):
+            rank, fd = key.data, key.fd
+            if rank is None:
+                self._read_server_notes()
                 continue
-            rank = owners[fd]
             chunk = os.read(fd, 1 << 16)
             kind = rank.open_fds[fd]
             if kind == "result":
@@ -95,6 +99,7 @@ class Monitor:
             else:
                 self.router.close(rank.rank, kind)
             if not chunk:
+                self.selector.unregister(fd)
                 del rank.open_fds[fd]
                 os.close(fd)
 
@@ -102,9 +107,9 @@ class Monitor:
         for message in rank.buffer.feed(chunk):
             rank.outcome = message
             if message["kind"] == "error":
-                rank.failed_at = time.monotonic()
+                rank.failed_at, rank.failed_wall = time.monotonic(), message["at"]
         if not chunk and rank.outcome is None:  # died without a word
-            rank.failed_at = time.monotonic()
+            rank.failed_at, rank.failed_wall = time.monotonic(), time.time()
 
     def _death_report(self, rank: RankPipes) -> dict:
         """What to say about a rank that exited without sending a result."""
@@ -120,7 +125,10 @@ class Monitor:
                            "killer, or a kill from outside)"}
 
     def _raise_failure(self, failed: list[RankPipes]):
-        failed.sort(key=lambda r: r.failed_at)
+        # A process that died without a word comes first: peers' errors are
+        # usually echoes of it ("connection closed by peer"). Then by when the
+        # failure happened on its rank, not when the kernel heard of it.
+        failed.sort(key=lambda r: (r.outcome is not None, r.failed_wall))
         failures = {r.rank: r.outcome if r.outcome else self._death_report(r)
                     for r in failed}
         stopped = [r.rank for r in self.ranks if not r.reported()]
@@ -169,7 +177,18 @@ class Monitor:
         """Wait until the fork server has reaped these ranks' processes."""
         ranks = self.ranks if ranks is None else ranks
         until = time.monotonic() + wait_s
-        while time.monotonic() < until and any(
-                r.pid not in self.server.exit_codes for r in ranks):
-            if select.select([self.server.sock], [], [], until - time.monotonic())[0]:
-                self.server.read_notes()
+        while (self.server.alive() and time.monotonic() < until
+               and any(r.pid not in self.server.exit_codes for r in ranks)):
+            if self.server.wait_readable(until - time.monotonic()):
+                self._read_server_notes()
+
+    def _read_server_notes(self) -> None:
+        """Exit codes from the fork server. If the server itself died, its
+        workers die with it (parent-death signal); kill them to be sure."""
+        try:
+            self.server.read_notes()
+        except ConnectionError:
+            for rank in self.ranks:
+                kill_group(rank.pid)
+            self.selector.unregister(self.server.sock)
+            raise

@@ -6,6 +6,7 @@ included), then the environment variables a torchrun worker sees, then the
 process group, then the learner's function. Whatever happens, exactly one
 message goes back on the result pipe: the return value, or the exception.
 """
+import ctypes
 import faulthandler
 import io
 import linecache
@@ -13,6 +14,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from datetime import timedelta
 
@@ -20,6 +22,8 @@ from ddp_teach import wire
 from ddp_teach.procs import set_parent_death_signal
 
 EXIT_FAILED = 1
+_OUR_FILES = ("ddp_teach/worker.py", "ddp_teach/magic.py")  # hidden in tracebacks
+_IOLBF = 1  # setvbuf's "line buffered" mode
 
 
 def _take_over_output(stdout_fd: int, stderr_fd: int) -> None:
@@ -32,16 +36,31 @@ def _take_over_output(stdout_fd: int, stderr_fd: int) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stdin = open(0, closefd=False)
-    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=True)
-    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True)
+    # unbuffered, like `python -u`: a print is in the pipe before the next line
+    # runs, so a crash right after it loses nothing
+    sys.stdout, sys.stderr = (
+        io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False),
+                         write_through=True) for fd in (1, 2))
+    _line_buffer_c_stdout()
+
+
+def _line_buffer_c_stdout() -> None:
+    """C's stdout is fully buffered on a pipe; line-buffer it so C++ output
+    shows up live (glibc only; elsewhere C output arrives at exit)."""
+    try:
+        libc = ctypes.CDLL(None)
+        stream = ctypes.c_void_p.in_dll(libc, "stdout")
+    except (OSError, ValueError):
+        return
+    libc.setvbuf(stream, None, _IOLBF, 0)
 
 
 def _describe_exception(exc: BaseException) -> dict:
     """The exception as text, starting at the learner's code, not ours."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename.endswith(_OUR_FILES):
         tb = tb.tb_next
-    return {"kind": "error",
+    return {"kind": "error", "at": time.time(),
             "type": type(exc).__name__,
             "message": str(exc),
             "traceback": "".join(traceback.format_exception(type(exc), exc, tb))}
@@ -57,7 +76,8 @@ def _encode_value(value, rank: int) -> dict:
     try:
         return {"kind": "value", "value": cloudpickle.dumps(value)}
     except Exception as exc:  # reported to the learner as this rank's failure
-        return {"kind": "error", "type": "UnpicklableReturnValue",
+        return {"kind": "error", "at": time.time(),
+                "type": "UnpicklableReturnValue",
                 "message": f"rank {rank} returned a {type(value).__name__}, "
                            f"which cannot be sent back to the notebook: {exc}. "
                            "Return plain values or tensors instead.",

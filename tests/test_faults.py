@@ -84,6 +84,13 @@ def test_rank_killed_mid_collective_is_named_as_the_first_failure():
     assert "killed by signal SIGKILL" in str(err)
 
 
+def test_fork_server_killed_mid_run_ends_the_run_and_is_replaced():
+    from ddp_teach import launcher
+    dt.run(all_reduce_ones, 2)
+    threading.Timer(1.0, launcher._server.process.kill).start()
+    run_expecting(ConnectionError, lambda r, w: time.sleep(600), timeout=30.0)
+
+
 def mismatched(rank, world_size):
     t = torch.ones(4)
     if rank == 0:
@@ -110,7 +117,7 @@ def test_rank_that_returns_without_the_collective_is_pointed_at():
         return all_reduce_ones(rank, world_size)
 
     err = run_expecting((dt.WorkerError, dt.WorkerTimeout), skip)
-    assert "ranks 1 had already returned" in str(err)
+    assert "rank 1 had already returned" in str(err)
 
 
 def test_rank_that_never_calls_the_collective_times_out_with_stacks():

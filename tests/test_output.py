@@ -33,13 +33,16 @@ def test_file_descriptor_writes_and_c_printf_are_captured(capsys):
 
 def test_output_printed_before_a_crash_is_not_lost(capsys):
     def crash(rank, world_size):
+        import ctypes
+        ctypes.CDLL(None).printf(b"C line, never flushed by hand\n")
         print("a whole line")
-        print("an unfinished line", end="", flush=True)
+        print("an unfinished line", end="")  # no flush: workers are unbuffered
         os._exit(9)
 
     with pytest.raises(dt.WorkerError, match="exited with code 9"):
         dt.run(crash, 1)
     out = capsys.readouterr().out
+    assert "[rank 0] C line, never flushed by hand\n" in out
     assert "[rank 0] a whole line\n" in out
     assert "[rank 0] an unfinished line" in out
 
@@ -72,3 +75,18 @@ def test_router_stops_showing_at_the_cell_limit_but_logs_everything(tmp_path):
     assert len(out.getvalue()) <= 100
     assert "the cell shows only the first 100 bytes" in err.getvalue()
     assert os.path.getsize(tmp_path / "rank0.log") == 310
+
+
+def test_each_kernel_keeps_its_own_run_folders(tmp_path, monkeypatch):
+    from ddp_teach import launcher
+    monkeypatch.setattr(launcher.tempfile, "tempdir", str(tmp_path))
+    base = tmp_path / f"ddp_teach-{os.getuid()}"
+    other_live = base / "kernel-1" / "run-x"   # pid 1 always exists
+    gone = base / "kernel-999999999" / "run-y"  # no such process
+    other_live.mkdir(parents=True)
+    gone.mkdir(parents=True)
+    dirs = [launcher._new_run_dir() for _ in range(launcher.KEEP_RUN_DIRS + 5)]
+    assert other_live.exists() and not gone.exists()
+    kept = os.listdir(base / f"kernel-{os.getpid()}")
+    assert len(kept) == launcher.KEEP_RUN_DIRS
+    assert os.path.basename(dirs[-1]) in kept

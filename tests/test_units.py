@@ -49,9 +49,14 @@ def test_failure_message_leads_with_the_first_rank_and_mentions_the_rest():
     failures = {1: {"type": "ValueError", "message": "bad\nsecond line",
                     "traceback": "Traceback...\nValueError: bad"},
                 0: {"type": "RuntimeError", "message": "peer closed",
-                    "traceback": "tb"}}
+                    "traceback": 'File "/x/torch/distributed/c10d.py"'}}
     text = errors.failure_message(failures, [1, 0], stopped=[2], returned=[3])
+    assert "rank 3 had already returned" not in text  # rank 1 was not in one
+    text = errors.failure_message(failures, [0, 1], stopped=[2], returned=[3])
+    assert text.startswith("rank 0 failed with RuntimeError: peer closed\n")
+    assert "rank 3 had already returned while rank 0 was in a collective" in text
+    assert "rank 2 was still running" in text
+    text = errors.failure_message(failures, [1, 0], stopped=[2, 4], returned=[])
     assert text.startswith("rank 1 failed with ValueError: bad\n")
     assert "rank 0 failed too, later: RuntimeError: peer closed" in text
-    assert "ranks 2 were still running" in text
-    assert "ranks 3 had already returned" in text
+    assert "ranks 2, 4 were still running" in text

@@ -1,0 +1,37 @@
+"""`%%ddp -n N`: the cell body on every rank, its last value back per rank."""
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import ddp_teach as dt
+
+
+@pytest.fixture(scope="module")
+def shell():
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "ddp_teach")
+    return ip
+
+
+def test_last_expression_comes_back_from_every_rank(shell):
+    shell.user_ns["base"] = 100  # a notebook variable the cell mentions
+    result = shell.run_cell_magic(
+        "ddp", "-n 3", "t = torch.tensor([float(rank)])\n"
+                       "dist.all_reduce(t)\nbase + t.item() + world_size")
+    assert result == [106.0, 106.0, 106.0]
+
+
+def test_a_cell_without_a_final_expression_returns_none_per_rank(shell):
+    assert shell.run_cell_magic("ddp", "-n 2", "x = rank") == [None, None]
+
+
+def test_options_reach_the_launcher(shell):
+    with pytest.raises(dt.WorkerTimeout):
+        shell.run_cell_magic("ddp", "-n 2 --timeout 1", "import time\n"
+                                                        "time.sleep(60)")
+
+
+def test_bad_options_and_syntax_errors_are_reported_before_running(shell):
+    with pytest.raises(ValueError, match="usage: %%ddp"):
+        shell.run_cell_magic("ddp", "-n two", "rank")
+    with pytest.raises(SyntaxError):
+        shell.run_cell_magic("ddp", "-n 2", "def broken(:")
