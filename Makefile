@@ -30,8 +30,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
 	touch $(STAMP)
 
+# Local only, token on; --allow-root only where the user is root (containers).
 lab: setup
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
 	$(BIN)/python -m pytest

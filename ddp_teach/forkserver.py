@@ -27,6 +27,8 @@ from ddp_teach.procs import set_parent_death_signal, kill_group
 PRELOADED_MODULES = ("torch", "torch.distributed", "torch.nn.parallel",
                      "cloudpickle", "ddp_teach.worker")
 FDS_PER_RANK = 3  # stdout, stderr, result
+# torch reads these once, at import: a change needs a new server
+IMPORT_TIME_VARS = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS")
 _REAP_INTERVAL_S = 0.005
 _ENTRY = "from ddp_teach.forkserver import main; main()"
 
@@ -95,10 +97,13 @@ def main() -> None:
 class ForkServer:
     """The kernel's handle on its fork server: start once, fork per run."""
 
-    def __init__(self):
+    def __init__(self, import_env: dict[str, str]):
+        """import_env: variables torch must see when it is imported."""
         ours, theirs = socket.socketpair()
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
+        self.import_env = import_env
+        env = {k: v for k, v in os.environ.items() if k not in IMPORT_TIME_VARS}
+        env.update(import_env)
         env["PYTHONPATH"] = os.pathsep.join(
             [package_root] + [p for p in [env.get("PYTHONPATH")] if p])
         self.process = subprocess.Popen(

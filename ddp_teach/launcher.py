@@ -23,7 +23,7 @@ import tempfile
 import time
 from datetime import datetime, timedelta
 
-from ddp_teach.forkserver import ForkServer
+from ddp_teach.forkserver import IMPORT_TIME_VARS, ForkServer
 from ddp_teach.monitor import Monitor, RankPipes
 from ddp_teach.output import OutputRouter
 from ddp_teach.pickling import dumps_call
@@ -60,6 +60,9 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     afterwards). Returns a `RunResult`; raises `WorkerError` when a rank fails
     and `WorkerTimeout` after `timeout` seconds. `debug=True` sets
     TORCH_DISTRIBUTED_DEBUG=DETAIL, which names mismatched collectives.
+    `env` is set in every worker; a variable torch reads only at import
+    (TORCH_CPP_LOG_LEVEL, TORCH_SHOW_CPP_STACKTRACES, TORCH_LOGS) restarts
+    the fork server so that it takes effect.
     """
     kwargs = {} if kwargs is None else kwargs
     _check_inputs(fn, world_size, args, kwargs, timeout, env)
@@ -70,7 +73,7 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     backend = choose_backend(backend, world_size)
     call = dumps_call(fn, tuple(args), kwargs)
     started = time.perf_counter()
-    server = _fork_server()
+    server = _fork_server({**os.environ, **(env or {})})
     run_dir = _new_run_dir()
     store, port = _kernel_store(timeout)
     job = _job(call, world_size, backend, port, timeout, env, debug, run_dir)
@@ -90,6 +93,9 @@ def shutdown() -> None:
     if _server is not None:
         _server.close()
         _server = None
+
+
+atexit.register(shutdown)
 
 
 def _launch_and_watch(server, job, world_size, timeout):
@@ -165,12 +171,17 @@ def _unpickle_value(rank: int, data: bytes):
                           {rank: str(exc)}, rank) from exc
 
 
-def _fork_server() -> ForkServer:
+def _fork_server(run_env: dict[str, str]) -> ForkServer:
+    """The running fork server, or a new one when there is none, it died, or
+    the run sets a variable that torch only reads at import time (such as
+    TORCH_CPP_LOG_LEVEL) to a value the server's torch did not see."""
     global _server
-    if _server is None or not _server.alive():
-        if _server is None:
-            atexit.register(shutdown)
-        _server = ForkServer()
+    import_env = {k: run_env[k] for k in IMPORT_TIME_VARS if k in run_env}
+    if _server is not None and (not _server.alive()
+                                or _server.import_env != import_env):
+        shutdown()
+    if _server is None:
+        _server = ForkServer(import_env)
     return _server
 
 

@@ -115,7 +115,9 @@ class Monitor:
         """What to say about a rank that exited without sending a result."""
         self._await_exits([rank], wait_s=FAILURE_GRACE_S)
         code = self.server.exit_codes.get(rank.pid)
-        if code is not None and code < 0:
+        if code is None:  # the fork server died too: no exit code to read
+            how = "ended"
+        elif code < 0:
             how = f"was killed by signal {signal.Signals(-code).name}"
         else:
             how = f"exited with code {code}"
@@ -151,7 +153,7 @@ class Monitor:
         time.sleep(0.05)  # let a dump that just started finish
         finished = [r.rank for r in self.ranks if r.reported()]
         self._stop_all()
-        frames = {r.rank: errors.parse_stack(open(self.stack_files[r.rank]).read())
+        frames = {r.rank: errors.parse_stack(_read_text(self.stack_files[r.rank]))
                   for r in live}
         stacks = {r: errors.format_frames(f) for r, f in frames.items()}
         in_collective = {r: errors.collective_of(f) for r, f in frames.items()}
@@ -192,3 +194,8 @@ class Monitor:
                 kill_group(rank.pid)
             self.selector.unregister(self.server.sock)
             raise
+
+
+def _read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()

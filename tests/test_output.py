@@ -90,3 +90,15 @@ def test_each_kernel_keeps_its_own_run_folders(tmp_path, monkeypatch):
     kept = os.listdir(base / f"kernel-{os.getpid()}")
     assert len(kept) == launcher.KEEP_RUN_DIRS
     assert os.path.basename(dirs[-1]) in kept
+
+
+def test_cpp_logging_reaches_the_cell_and_import_time_env_is_honoured(capsys):
+    from ddp_teach import launcher
+    dt.run(lambda r, w: r, 2)
+    quiet_server = launcher._server.pid
+    dt.run(lambda r, w: r, 2, env={"TORCH_CPP_LOG_LEVEL": "INFO"})
+    assert launcher._server.pid != quiet_server  # torch re-imported with it
+    err = capsys.readouterr().err
+    assert "[rank 0] [I" in err and "[c10d]" in err  # glog lines from C++
+    dt.run(lambda r, w: r, 2)
+    assert "[c10d]" not in capsys.readouterr().err  # back to the quiet server
