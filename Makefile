@@ -38,8 +38,12 @@ lab: setup
 test: setup
 	$(BIN)/python -m pytest
 
+# Each benchmark writes its own section; results.md is the two together.
 bench: setup
 	$(BIN)/python benchmarks/launcher_latency.py
+	$(BIN)/python benchmarks/timeline_overlap.py
+	cat benchmarks/launcher_latency.md benchmarks/timeline_overlap.md \
+		> benchmarks/results.md
 
 html: setup
 	mkdir -p build/html

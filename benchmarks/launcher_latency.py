@@ -11,7 +11,8 @@ interactive. The project issue sets two targets:
 
 Every job is the same trivial all-reduce, so what is measured is the launcher.
 Cold and spawn repetitions are interleaved (and alternate which goes first) so
-that noise on a shared machine hits both alike. Writes benchmarks/results.md
+that noise on a shared machine hits both alike. Writes
+benchmarks/launcher_latency.md (joined into results.md by `make bench`)
 and prints the same table.
 
 Run from the repo root: `make bench` (about 2-4 minutes on 2 cores).
@@ -40,7 +41,8 @@ SUBPROCESS_TIMEOUT_S = 120
 WARM_TARGET_WORLD_SIZE = 4
 WARM_TARGET_S = 0.3
 COLD_OVER_SPAWN_TARGET = 1.2
-RESULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.md")
+RESULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "launcher_latency.md")
 
 
 def all_reduce_one(rank, world_size):

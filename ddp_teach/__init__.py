@@ -1,10 +1,16 @@
 """ddp_teach: learn distributed data-parallel training by running it.
 
 `run(fn, world_size)` runs a notebook-defined function on real worker
-processes; `%load_ext ddp_teach` adds the `%%ddp -n N` cell magic.
+processes; `%load_ext ddp_teach` adds the `%%ddp -n N` cell magic;
+`run(..., trace=True)` returns a `Timeline` of what every rank did, with
+compute marked by `span` or `trace_layers`; `cost` holds the alpha-beta
+model and bandwidth sweeps, `memory` the ZeRO memory calculator.
 """
+from ddp_teach import cost, memory
 from ddp_teach.errors import WorkerError, WorkerTimeout
 from ddp_teach.launcher import RunResult, run, shutdown
+from ddp_teach.timeline import Timeline
+from ddp_teach.tracing import span, trace_layers
 
 
 def load_ipython_extension(ipython):
@@ -13,4 +19,5 @@ def load_ipython_extension(ipython):
     register(ipython)
 
 
-__all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown"]
+__all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown",
+           "span", "trace_layers", "Timeline", "cost", "memory"]

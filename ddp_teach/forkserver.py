@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import traceback
 
 from ddp_teach import wire
 from ddp_teach.procs import set_parent_death_signal, kill_group
@@ -27,6 +28,7 @@ from ddp_teach.procs import set_parent_death_signal, kill_group
 PRELOADED_MODULES = ("torch", "torch.distributed", "torch.nn.parallel",
                      "cloudpickle", "ddp_teach.worker")
 FDS_PER_RANK = 3  # stdout, stderr, result
+EXIT_LAUNCHER_BUG = 70  # a worker whose launcher code failed (see its stderr)
 # torch reads these once, at import: a change needs a new server
 IMPORT_TIME_VARS = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS")
 _REAP_INTERVAL_S = 0.005
@@ -49,8 +51,11 @@ def _fork_worker(sock, rank: int, all_fds: list[int], job: bytes) -> int:
             os.close(fd)
         from ddp_teach.worker import main
         main(rank, mine, job)
+    except BaseException:  # a bug in the launcher itself: say so on stderr
+        traceback.print_exc()
+        sys.stderr.flush()
     finally:
-        os._exit(70)
+        os._exit(EXIT_LAUNCHER_BUG)
 
 
 def _serve(sock: socket.socket) -> None:

@@ -53,7 +53,7 @@ class RunResult(list):
 
 def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
         timeout: float = 60.0, trace: bool = False, env=None,
-        debug: bool = False) -> RunResult:
+        debug: bool = False, network=None) -> RunResult:
     """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` processes.
 
     Each worker has the default process group initialised (and destroyed
@@ -62,14 +62,14 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     TORCH_DISTRIBUTED_DEBUG=DETAIL, which names mismatched collectives.
     `env` is set in every worker; a variable torch reads only at import
     (TORCH_CPP_LOG_LEVEL, TORCH_SHOW_CPP_STACKTRACES, TORCH_LOGS) restarts
-    the fork server so that it takes effect.
+    the fork server so that it takes effect. `trace=True` records every
+    collective and every `dt.span` into `.timeline`. `network=` (anything
+    with `alpha` seconds and `beta` seconds per byte, e.g. a `dt.cost.Link`)
+    emulates a slower link: each collective takes at least alpha + bytes*beta.
     """
     kwargs = {} if kwargs is None else kwargs
     _check_inputs(fn, world_size, args, kwargs, timeout, env)
-    if trace:
-        raise NotImplementedError(
-            "trace=True needs the timeline tools, which are not in this "
-            "version of ddp_teach yet; run without trace.")
+    _check_network(network)
     backend = choose_backend(backend, world_size)
     call = dumps_call(fn, tuple(args), kwargs)
     started = time.perf_counter()
@@ -77,6 +77,9 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     run_dir = _new_run_dir()
     store, port = _kernel_store(timeout)
     job = _job(call, world_size, backend, port, timeout, env, debug, run_dir)
+    job.update(trace=bool(trace), network=None if network is None else
+               (float(network.alpha), float(network.beta)))  # plain floats:
+    # the worker unpickles the job before it can import the learner's classes
     try:
         outcomes = _launch_and_watch(server, job, world_size, timeout)
     except WorkerError as error:  # raised here so the traceback is short: the
@@ -84,7 +87,12 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     finally:
         del store  # closes the rendezvous socket
     values = [_unpickle_value(rank, o["value"]) for rank, o in enumerate(outcomes)]
-    return RunResult(values, time.perf_counter() - started, backend, run_dir)
+    timeline = None
+    if trace:
+        from ddp_teach.timeline import Timeline
+        timeline = Timeline(e for o in outcomes for e in o["events"])
+    return RunResult(values, time.perf_counter() - started, backend, run_dir,
+                     timeline)
 
 
 def shutdown() -> None:
@@ -214,6 +222,16 @@ def _process_exists(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # someone else's process holds that pid
+
+
+def _check_network(network) -> None:
+    if network is None:
+        return
+    values = [getattr(network, name, None) for name in ("alpha", "beta")]
+    if not all(isinstance(v, (int, float)) and v >= 0 for v in values):
+        raise TypeError("network must have non-negative `alpha` (seconds per "
+                        "message) and `beta` (seconds per byte), e.g. "
+                        "dt.cost.Link(alpha=1e-3, beta=1e-8)")
 
 
 def _check_inputs(fn, world_size, args, kwargs, timeout, env) -> None:

@@ -15,6 +15,7 @@ import signal
 import time
 
 from ddp_teach import errors
+from ddp_teach.forkserver import EXIT_LAUNCHER_BUG
 from ddp_teach.procs import kill_group, signal_quietly
 from ddp_teach.wire import MessageBuffer
 
@@ -115,6 +116,11 @@ class Monitor:
         """What to say about a rank that exited without sending a result."""
         self._await_exits([rank], wait_s=FAILURE_GRACE_S)
         code = self.server.exit_codes.get(rank.pid)
+        if code == EXIT_LAUNCHER_BUG:
+            return {"type": "LauncherError", "traceback": "",
+                    "message": "ddp_teach's own worker code failed; its "
+                               "traceback is in the rank's output above. "
+                               "Please report it."}
         if code is None:  # the fork server died too: no exit code to read
             how = "ended"
         elif code < 0:

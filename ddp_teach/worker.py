@@ -114,8 +114,15 @@ def _run(rank: int, job: dict) -> dict:
     try:
         fn, args, kwargs = cloudpickle.loads(job["call"])
         _init_process_group(job, rank)
+        recorder = None
+        if job["trace"] or job["network"] is not None:
+            from ddp_teach import tracing
+            recorder = tracing.install(rank, job["network"])
         value = fn(rank, job["world_size"], *args, **kwargs)
-        return _encode_value(value, rank)
+        outcome = _encode_value(value, rank)
+        if job["trace"]:
+            outcome["events"] = recorder.finish()
+        return outcome
     except BaseException as exc:  # any failure goes back to the kernel
         return _describe_exception(exc)
 

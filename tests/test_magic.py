@@ -35,3 +35,10 @@ def test_bad_options_and_syntax_errors_are_reported_before_running(shell):
         shell.run_cell_magic("ddp", "-n two", "rank")
     with pytest.raises(SyntaxError):
         shell.run_cell_magic("ddp", "-n 2", "def broken(:")
+
+
+def test_trace_option_gives_the_cell_a_timeline(shell):
+    result = shell.run_cell_magic("ddp", "-n 2 --trace",
+                                  "t = torch.ones(8)\ndist.all_reduce(t)\nrank")
+    assert result == [0, 1]
+    assert {e.name for e in result.timeline.events} == {"all_reduce"}

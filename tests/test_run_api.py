@@ -183,10 +183,5 @@ def test_unpicklable_return_value_is_a_worker_error_naming_rank_and_type():
     assert err.value.first_rank == 1
 
 
-def test_trace_is_refused_clearly_until_the_timeline_tools_exist():
-    with pytest.raises(NotImplementedError, match="timeline"):
-        dt.run(sum_of_ranks, 2, trace=True)
-
-
 def test_the_largest_world_size_runs():
     assert dt.run(sum_of_ranks, 64, timeout=120) == [64 * 65 / 2] * 64

@@ -1,0 +1,296 @@
+"""Record, inside each worker, when it computed and when it communicated.
+
+With `dt.run(..., trace=True)` every torch.distributed collective and
+point-to-point call the run makes is recorded: its name, the bytes of the
+tensors it was given, when it was issued and when its work completed. For an
+`async_op=True` call the completion comes from the work's future, which fires
+in the communication thread the moment the data has arrived, not when the
+program got round to `wait()`. torch's DistributedDataParallel reduces
+gradients in C++, out of Python's sight, so a traced run gives each DDP model
+the Python equivalent of its default hook (torch's own `allreduce_hook`, which
+averages then all-reduces each bucket) unless the learner registered a hook;
+its bucket all-reduces then show up as "ddp bucket i". Compute is what the
+learner marks with `dt.span("backward")`.
+
+`network=` pretends the ranks talk over a slower link: every call then takes
+at least alpha + bytes * beta (the alpha-beta model of Thakur, Rabenseifner &
+Gropp, 2005); the added wait is recorded as `emulated_s` so that timelines can
+show it apart from real time.
+"""
+import contextlib
+import functools
+import threading
+import time
+
+from ddp_teach.events import COMM, COMPUTE, Event
+
+RECORDED_CALLS = (  # every public torch.distributed call that moves data
+    "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
+    "all_gather_coalesced", "all_gather_into_tensor", "all_gather_single",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+    "all_gather_object", "broadcast_object_list", "gather_object",
+    "scatter_object_list", "send_object_list", "recv_object_list")
+
+_recorder = None  # the Recorder of this worker, when the run is traced
+
+
+class span(contextlib.ContextDecorator):
+    """Mark a stretch of work, e.g. `with dt.span("backward"): loss.backward()`.
+
+    Also a decorator. Outside a traced run it does nothing, so the same code
+    runs traced and untraced.
+    """
+
+    def __init__(self, name: str, kind: str = COMPUTE):
+        self.name, self.kind = name, kind
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if _recorder is not None:
+            _recorder.add(self.name, self.kind, self._start, time.perf_counter())
+        return False
+
+
+def trace_layers(model, prefix: str = ""):
+    """Record every leaf layer's forward and backward as compute spans.
+
+    A span around `loss.backward()` is too coarse to measure overlap with
+    DDP: DDP waits for its last buckets inside `backward()`, so that wait
+    would count as computation. Per-layer spans from module hooks cover only
+    the arithmetic. Does nothing outside a traced run. Returns the model.
+    """
+    for name, module in model.named_modules(prefix=prefix):
+        if next(module.children(), None) is None and any(
+                p.requires_grad for p in module.parameters(recurse=False)):
+            _hook_layer(module, name or type(module).__name__)
+    return model
+
+
+def _hook_layer(module, name: str) -> None:
+    """Forward: from the forward pre-hook to the forward hook. Backward: from
+    when the gradient of the layer's output arrives to when the last of its
+    parameters' gradients is accumulated (the moment DDP's hooks fire too)."""
+    params = list(module.parameters(recurse=False))
+    starts, waiting = {}, {"grads": 0}
+
+    def record(phase):
+        if _recorder is not None and phase in starts:
+            _recorder.add(f"{phase} {name}", COMPUTE, starts.pop(phase),
+                          time.perf_counter())
+
+    def forward_begins(*_):
+        starts["forward"] = time.perf_counter()
+
+    def backward_begins(_grad):
+        starts["backward"] = time.perf_counter()
+        waiting["grads"] = len(params)
+
+    def forward_ends(_module, _inputs, output):
+        record("forward")
+        if getattr(output, "requires_grad", False):
+            output.register_hook(backward_begins)  # its gradient has arrived
+
+    def grad_accumulated(_param):
+        waiting["grads"] -= 1
+        if waiting["grads"] == 0:
+            record("backward")
+
+    module.register_forward_pre_hook(forward_begins)
+    module.register_forward_hook(forward_ends)
+    for param in params:
+        param.register_post_accumulate_grad_hook(grad_accumulated)
+
+
+class Recorder:
+    """The events of one rank; appended to from the main thread and from the
+    communication threads that complete async work."""
+
+    def __init__(self, rank: int, network: tuple[float, float] | None = None):
+        self.rank, self.network = rank, network  # (alpha s, beta s per byte)
+        self.events: list[Event] = []
+        self._pending: list = []        # async works not yet completed
+        self._local = threading.local()  # nesting depth and DDP bucket label
+
+    def add(self, name, kind, start, end, nbytes=0, emulated_s=0.0) -> None:
+        self.events.append(Event(self.rank, name, kind, start, end, nbytes,
+                                 emulated_s))
+
+    def least_time(self, nbytes: int) -> float:
+        """What the emulated link needs for this many bytes (0 without one)."""
+        if self.network is None:
+            return 0.0
+        alpha, beta = self.network
+        return alpha + nbytes * beta
+
+    def record_call(self, name: str, call, args, kwargs):
+        """Run one torch.distributed call and record it."""
+        local = self._local
+        if getattr(local, "depth", 0):  # inside another recorded call
+            return call(*args, **kwargs)
+        label = getattr(local, "label", None) or name
+        nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs.values())
+        start = time.perf_counter()
+        local.depth = 1
+        try:
+            result = call(*args, **kwargs)
+        finally:
+            local.depth = 0
+        ready_at = start + self.least_time(nbytes)
+        works = result if isinstance(result, list) else [result]
+        if result is not None and all(hasattr(w, "get_future") for w in works):
+            proxies = [self._track(w, label, start, ready_at, nbytes) for w in works]
+            return proxies if isinstance(result, list) else proxies[0]
+        end = time.perf_counter()
+        if end < ready_at:
+            time.sleep(ready_at - end)
+        self.add(label, COMM, start, max(end, ready_at), nbytes,
+                 max(0.0, ready_at - end))
+        return result
+
+    def _track(self, work, name, start, ready_at, nbytes):
+        """Record an async work when its future completes."""
+        def done(_future=None):
+            end = time.perf_counter()
+            self.add(name, COMM, start, max(end, ready_at), nbytes,
+                     max(0.0, ready_at - end))
+        try:
+            future = work.get_future()
+        except RuntimeError:  # gloo's send/recv works have no future
+            work = _CompletedOnWait(work, done)
+        else:
+            future.add_done_callback(done)
+        self._pending.append(work)
+        return _SlowWork(work, ready_at) if self.network is not None else work
+
+    def finish(self) -> list[Event]:
+        """Wait for async work still in flight, then hand over the events.
+        (Waiting twice on a finished gloo send/recv blocks: check first.)"""
+        for work in self._pending:
+            if not work.is_completed():
+                work.wait()
+            if isinstance(work, _CompletedOnWait):
+                work.record_if_never_waited()
+        return sorted(self.events, key=lambda e: e.start)
+
+
+class _CompletedOnWait:
+    """A work without a future (gloo's isend / irecv): the best completion
+    time there is, is when `wait()` returned."""
+
+    def __init__(self, work, on_done):
+        self._work, self._on_done = work, on_done
+
+    def wait(self, *args, **kwargs):
+        result = self._work.wait(*args, **kwargs)
+        self.record_if_never_waited()
+        return result
+
+    def record_if_never_waited(self) -> None:
+        if self._on_done is not None:
+            self._on_done()
+            self._on_done = None
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+class _SlowWork:
+    """An async work that, on an emulated slow link, is not done before
+    `ready_at`: `wait()` and the future both hold back until then."""
+
+    def __init__(self, work, ready_at: float):
+        self._work, self._ready_at = work, ready_at
+
+    def _hold(self, value=None):
+        delay = self._ready_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return value
+
+    def wait(self, *args, **kwargs):
+        return self._hold(self._work.wait(*args, **kwargs))
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed() and time.perf_counter() >= self._ready_at
+
+    def get_future(self):
+        return self._work.get_future().then(lambda fut: self._hold(fut.value()))
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _tensor_bytes(values) -> int:
+    import torch
+    total = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, (list, tuple)):
+            total += _tensor_bytes(value)
+        elif hasattr(value, "tensor") and isinstance(getattr(value, "tensor"),
+                                                     torch.Tensor):
+            total += _tensor_bytes([value.tensor])  # a P2POp
+    return total
+
+
+def install(rank: int, network: tuple[float, float] | None = None) -> Recorder:
+    """Start recording in this worker: wrap torch.distributed's calls and
+    give DDP models a recorded gradient hook."""
+    global _recorder
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    _recorder = Recorder(rank, network)
+    for name in RECORDED_CALLS:
+        recorded = _recorded(name, getattr(c10d, name))
+        setattr(c10d, name, recorded)  # torch's own internal calls too
+        setattr(dist, name, recorded)
+    _hook_ddp()
+    return _recorder
+
+
+def _recorded(name: str, original):
+    @functools.wraps(original)
+    def recorded(*args, **kwargs):
+        return _recorder.record_call(name, original, args, kwargs)
+    return recorded
+
+
+def _hook_ddp() -> None:
+    """Register a recorded all-reduce hook on every DDP model at its first
+    forward, unless the learner registered a hook of their own."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+        allreduce_hook)
+
+    def labelled_allreduce_hook(process_group, bucket):
+        local = _recorder._local
+        local.label = f"ddp bucket {bucket.index()}"
+        try:
+            return allreduce_hook(process_group, bucket)
+        finally:
+            local.label = None
+
+    def mark_hooked(register):
+        @functools.wraps(register)
+        def registering(self, *args, **kwargs):
+            self._ddp_teach_hooked = True
+            return register(self, *args, **kwargs)
+        return registering
+
+    original_forward = DDP.forward
+
+    @functools.wraps(original_forward)
+    def forward(self, *args, **kwargs):
+        if not getattr(self, "_ddp_teach_hooked", False):
+            self.register_comm_hook(self.process_group, labelled_allreduce_hook)
+        return original_forward(self, *args, **kwargs)
+
+    DDP.register_comm_hook = mark_hooked(DDP.register_comm_hook)
+    DDP._register_builtin_comm_hook = mark_hooked(DDP._register_builtin_comm_hook)
+    DDP.forward = forward
