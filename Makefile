@@ -42,8 +42,9 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/launcher_latency.py
 	$(BIN)/python benchmarks/timeline_overlap.py
+	$(BIN)/python benchmarks/ring_vs_gloo.py
 	cat benchmarks/launcher_latency.md benchmarks/timeline_overlap.md \
-		> benchmarks/results.md
+		benchmarks/ring_vs_gloo.md > benchmarks/results.md
 
 html: setup
 	mkdir -p build/html

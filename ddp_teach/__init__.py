@@ -6,7 +6,7 @@ processes; `%load_ext ddp_teach` adds the `%%ddp -n N` cell magic;
 compute marked by `span` or `trace_layers`; `cost` holds the alpha-beta
 model and bandwidth sweeps, `memory` the ZeRO memory calculator.
 """
-from ddp_teach import cost, exercises, memory
+from ddp_teach import collectives, cost, exercises, memory
 from ddp_teach.errors import WorkerError, WorkerTimeout
 from ddp_teach.launcher import RunResult, run, shutdown
 from ddp_teach.timeline import Timeline
@@ -20,4 +20,5 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown",
-           "span", "trace_layers", "Timeline", "cost", "exercises", "memory"]
+           "span", "trace_layers", "Timeline", "collectives", "cost", "exercises",
+           "memory"]

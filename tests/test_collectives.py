@@ -1,0 +1,175 @@
+"""`ddp_teach.collectives`: every hand-written collective against gloo's own
+on real ranks, for world sizes 1-4 and 7, lengths from 0 to 1003 (shorter
+than the world size, not divisible by it), float32 / float64 / int64, a 0-d
+and a non-contiguous input; and, from traced runs, the messages each
+algorithm sends, which its docstring promises."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddp_teach as dt
+from ddp_teach import collectives
+
+WORLD_SIZES = (1, 2, 3, 4, 7)
+DTYPES = (torch.float32, torch.float64, torch.int64)
+NOT_DIVISIBLE = 1003  # by any of 2, 3, 4, 7
+ALLREDUCES = ("ring_allreduce", "naive_allreduce", "tree_allreduce")
+
+
+def lengths(world_size: int) -> list[int]:
+    return [0, 1, 3, world_size - 1, 1000, NOT_DIVISIBLE]
+
+
+def random_tensor(rank: int, shape, dtype) -> torch.Tensor:
+    """Different on every rank, the same on every run; ints include negatives."""
+    generator = torch.Generator().manual_seed(1009 * rank + sum(shape))
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator, dtype=dtype)
+    return torch.randint(-1000, 1000, shape, generator=generator, dtype=dtype)
+
+
+def inputs(rank: int, world_size: int) -> list[torch.Tensor]:
+    """Every case, as this rank's tensor: each length in each dtype, a 0-d
+    tensor, and transposed (non-contiguous) float and int matrices."""
+    cases = [random_tensor(rank, (n,), dtype)
+             for n in lengths(world_size) for dtype in DTYPES]
+    cases.append(torch.tensor(rank + 0.5))
+    cases += [random_tensor(rank, (5, 7), dtype).t() for dtype in DTYPES]
+    assert not cases[-1].is_contiguous()
+    return cases
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Exact for integers; allclose for floats (the order of the additions
+    differs from gloo's)."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    if expected.dtype.is_floating_point:
+        assert torch.allclose(actual, expected, rtol=1e-5, atol=1e-6), \
+            (actual - expected).abs().max()
+    else:
+        assert torch.equal(actual, expected)
+
+
+def allreduce_cases(rank, world_size, name):
+    """Per case: (ours, returned-the-input?, stayed non-contiguous?, gloo's)."""
+    results = []
+    for tensor in inputs(rank, world_size):
+        expected = tensor.contiguous().clone()
+        dist.all_reduce(expected)
+        ours = tensor.clone()  # keeps a transposed input's strides
+        returned = getattr(collectives, name)(ours)
+        results.append((ours, returned is ours,
+                        ours.is_contiguous() == tensor.is_contiguous(), expected))
+    return results
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("name", ALLREDUCES)
+def test_allreduce_matches_gloo_in_place(name, world_size):
+    per_rank = dt.run(allreduce_cases, world_size, args=(name,))
+    for results in per_rank:
+        for ours, returned_input, same_layout, expected in results:
+            assert returned_input and same_layout
+            assert_matches(ours, expected)
+    for case, (rank0_result, *_) in enumerate(per_rank[0]):
+        for results in per_rank[1:]:  # every rank ends with the same bits
+            assert torch.equal(results[case][0], rank0_result)
+
+
+def reduce_scatter_cases(rank, world_size):
+    """Per case: (ours, input unchanged?, chunk of gloo's all_reduce, gloo's
+    reduce_scatter or None where the length does not divide)."""
+    results = []
+    for tensor in inputs(rank, world_size):
+        flat = tensor.flatten()
+        summed = flat.clone()
+        dist.all_reduce(summed)
+        scattered = None
+        if flat.numel() % world_size == 0:
+            scattered = flat.new_empty(flat.numel() // world_size)
+            dist.reduce_scatter_single(scattered, flat.clone())
+        original = tensor.clone()
+        ours = collectives.ring_reduce_scatter(tensor)
+        results.append((ours, torch.equal(tensor, original),
+                        summed.tensor_split(world_size)[rank], scattered))
+    return results
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_ring_reduce_scatter_gives_rank_r_chunk_r(world_size):
+    checked_against_reduce_scatter = 0
+    for results in dt.run(reduce_scatter_cases, world_size):
+        for ours, input_unchanged, chunk_of_sum, scattered in results:
+            assert input_unchanged
+            assert_matches(ours, chunk_of_sum)
+            if scattered is not None:
+                assert_matches(ours, scattered)
+                checked_against_reduce_scatter += 1
+    assert checked_against_reduce_scatter >= 3 * world_size  # 0 always divides
+
+
+def all_gather_cases(rank, world_size):
+    """Per case: (ours, gloo's all_gather)."""
+    results = []
+    for tensor in inputs(rank, world_size):
+        expected = [torch.empty_like(tensor.contiguous()) for _ in range(world_size)]
+        dist.all_gather(expected, tensor.contiguous())
+        results.append((collectives.ring_all_gather(tensor), expected))
+    return results
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_ring_all_gather_matches_gloo(world_size):
+    for results in dt.run(all_gather_cases, world_size):
+        for ours, expected in results:
+            assert len(ours) == world_size
+            for ours_from_rank, expected_from_rank in zip(ours, expected):
+                assert torch.equal(ours_from_rank, expected_from_rank)  # copies
+                assert ours_from_rank.shape == expected_from_rank.shape
+
+
+def expected_sends(name: str, rank: int, world_size: int, numel: int):
+    """The sizes, in elements and in order, of the messages `rank` sends, as
+    the docstrings say. For the ring this pins the schedule: at step s of the
+    reduce-scatter rank r sends chunk (r - s) mod p, then at step s of the
+    all-gather chunk (r + 1 - s) mod p (its own finished chunk first)."""
+    if name == "ring_allreduce":
+        chunk = [c.numel() for c in torch.empty(numel).tensor_split(world_size)]
+        steps = range(world_size - 1)
+        return ([chunk[(rank - s) % world_size] for s in steps]
+                + [chunk[(rank + 1 - s) % world_size] for s in steps])
+    if name == "naive_allreduce":
+        return [numel] * (world_size - 1 if rank == 0 else 1)
+    assert world_size == 5  # tree 0 -> 1, 2, 4; 2 -> 3: one send per edge
+    return [numel] * [3, 1, 2, 1, 1][rank]
+
+
+def one_allreduce(rank, world_size, name, numel):
+    getattr(collectives, name)(torch.ones(numel))
+
+
+@pytest.mark.parametrize("name", ALLREDUCES)
+def test_messages_sent_are_those_the_docstring_counts(name):
+    world_size, numel = 5, NOT_DIVISIBLE  # chunks of 201, 201, 201, 200, 200
+    timeline = dt.run(one_allreduce, world_size, args=(name, numel),
+                      trace=True).timeline
+    assert {e.name for e in timeline} <= {"send", "isend", "recv", "irecv"}
+    for rank in range(world_size):
+        sent_bytes = [e.nbytes for e in timeline.for_rank(rank)
+                      if e.name in ("send", "isend")]
+        expected = expected_sends(name, rank, world_size, numel)
+        assert sent_bytes == [4 * n for n in expected], rank
+
+
+def allreduce_on_new_group(rank, world_size):
+    group = dist.new_group(list(range(world_size)))
+    try:
+        collectives.ring_allreduce(torch.ones(3), group=group)
+    except ValueError as error:
+        return str(error)
+    return "accepted"
+
+
+def test_ring_allreduce_refuses_other_groups():
+    messages = dt.run(allreduce_on_new_group, 2)
+    assert all("only the default process group" in m for m in messages), messages
