@@ -6,11 +6,31 @@ processes; `%load_ext ddp_teach` adds the `%%ddp -n N` cell magic;
 compute marked by `span` or `trace_layers`; `cost` holds the alpha-beta
 model and bandwidth sweeps, `memory` the ZeRO memory calculator.
 """
-from ddp_teach import collectives, cost, exercises, memory
+from ddp_teach import (collectives, cost, diagrams, exercises, memory,
+                       widgets)
 from ddp_teach.errors import WorkerError, WorkerTimeout
 from ddp_teach.launcher import RunResult, run, shutdown
 from ddp_teach.timeline import Timeline
 from ddp_teach.tracing import span, trace_layers
+
+
+def _show_figures_as_pictures() -> None:
+    """In a notebook, make the matplotlib Figures this package returns show
+    as pictures even where `%matplotlib inline` was never run (they are made
+    without pyplot, which is what normally registers that display)."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import print_figure
+        from matplotlib.figure import Figure
+    except ImportError:  # no IPython or matplotlib: nothing to display with
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["image/png"].for_type(
+            Figure, lambda figure: print_figure(figure, "png"))
+
+
+_show_figures_as_pictures()
 
 
 def load_ipython_extension(ipython):
@@ -20,5 +40,5 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown",
-           "span", "trace_layers", "Timeline", "collectives", "cost", "exercises",
-           "memory"]
+           "span", "trace_layers", "Timeline", "collectives", "cost", "diagrams",
+           "exercises", "memory", "widgets"]

@@ -83,8 +83,11 @@ def check_on_ranks(fn, in_place: bool, expected, diagnose) -> Verdict:
         except WorkerTimeout as err:
             return Verdict(WRONG, _hang_message(err, world_size))
         except WorkerError as err:
+            alone = ("\nHint: with one rank there is nobody to send to; "
+                     "return early when world_size == 1." if world_size == 1
+                     else "")
             return Verdict(WRONG, f"your function raised an error on "
-                                  f"{world_size} ranks:\n{err}")
+                                  f"{world_size} ranks:\n{err}{alone}")
         if NOT_ATTEMPTED in results:
             return Verdict(NOT_ATTEMPTED, "the function still raises "
                            "NotImplementedError: fill it in, then run this "

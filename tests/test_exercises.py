@@ -194,3 +194,11 @@ def test_hint_solution_and_unknown_names(capsys):
     with pytest.raises(KeyError, match="the exercises are"):
         ex.check("no_such_exercise", stub)
     assert not ex.check("fit_alpha_beta", 42)
+
+
+def test_sending_to_yourself_at_world_size_one_gets_a_hint(capsys):
+    def always_sends(tensor):
+        dist.send(tensor, dst=(dist.get_rank() + 1) % dist.get_world_size())
+
+    passed, seen = check("ring_allreduce", always_sends, capsys)
+    assert not passed and "return early when world_size == 1" in seen

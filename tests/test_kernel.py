@@ -22,6 +22,7 @@ CELLS = [
     "assert _ == [8.0, 8.0], _",
     "def bad(rank, world_size):\n    raise ValueError('cell boom')\n\ndt.run(bad, 2)",
     "%%ddp -n 2\nif rank == 1:\n    raise KeyError('from the ddp cell')",
+    "dt.memory.plot_zero_memory(7.5e9)  # no %matplotlib inline needed",
 ]
 
 
@@ -39,6 +40,7 @@ def test_a_notebook_runs_cell_defined_functions_on_workers():
     boom = "\n".join(errors[8].traceback)
     assert errors[8].ename == "WorkerError"
     assert "raise ValueError('cell boom')" in boom  # the cell's own source line
+    assert "image/png" in outputs[10][0]["data"]  # a figure shows as a picture
     ddp_cell = "\n".join(errors[9].traceback)
     assert "rank 1 failed with KeyError" in ddp_cell
     assert "raise KeyError('from the ddp cell')" in ddp_cell
