@@ -44,28 +44,6 @@ def always_n_pieces(inputs, devices):
     return pieces + [inputs[:0]] * (len(devices) - len(pieces))
 
 
-@pytest.mark.parametrize("planted, hint", [
-    (split_evenly, "not tensor_split"),
-    (tensors_only, "keep the container"),
-    (always_n_pieces, "do not make empty ones"),
-])
-def test_scatter_mistakes(planted, hint, capsys):
-    passed, seen = verdict("dp_scatter", planted, capsys)
-    assert not passed and hint in seen, seen
-
-
-@pytest.mark.parametrize("planted, hint", [
-    (lambda outputs, target: torch.stack(outputs), "torch.stack adds a dimension"),
-    (lambda outputs, target: torch.cat(outputs[::-1]), "keep the devices' order"),
-    (lambda outputs, target: torch.cat(outputs) if isinstance(
-        outputs[0], torch.Tensor) else (torch.cat([o[0] for o in outputs]),
-                                        outputs[0][1]), "element by element"),
-])
-def test_gather_mistakes(planted, hint, capsys):
-    passed, seen = verdict("dp_gather", planted, capsys)
-    assert not passed and hint in seen, seen
-
-
 def untied(module, devices):
     """Clones every module's parameters separately: tied weights come apart."""
     replicas = []
@@ -79,16 +57,6 @@ def untied(module, devices):
         replica._buffers = {k: v.clone() for k, v in module._buffers.items()}
         replicas.append(replica)
     return replicas
-
-
-@pytest.mark.parametrize("planted, hint", [
-    (lambda m, devices: [copy.deepcopy(m) for _ in devices], "deepcopy"),
-    (lambda m, devices: [m for _ in devices], "each device needs a copy"),
-    (untied, "tied weight"),
-])
-def test_replicate_mistakes(planted, hint, capsys):
-    passed, seen = verdict("dp_replicate", planted, capsys)
-    assert not passed and hint in seen, seen
 
 
 def one_thread(replicas, inputs, devices):
@@ -116,16 +84,6 @@ def reversed_outputs(replicas, inputs, devices):
     return dp.parallel_apply(replicas, inputs, devices)[::-1]
 
 
-@pytest.mark.parametrize("planted, hint", [
-    (one_thread, "start a threading.Thread per replica"),
-    (swallows_errors, "an exception in a thread is lost"),
-    (reversed_outputs, "at its replica's index"),
-])
-def test_parallel_apply_mistakes(planted, hint, capsys):
-    passed, seen = verdict("dp_parallel_apply", planted, capsys)
-    assert not passed and hint in seen, seen
-
-
 def deepcopied_replicas(module, inputs, devices):
     pieces = dp.scatter(inputs, devices)
     outs = [copy.deepcopy(module)(p) for p in pieces]
@@ -141,11 +99,28 @@ def no_gather(module, inputs, devices):
     return [module(p) for p in pieces]
 
 
-@pytest.mark.parametrize("planted, hint", [
-    (deepcopied_replicas, "gradients differ"),
-    (first_piece_only, "gather the replicas' outputs"),
-    (no_gather, "gather the replicas' outputs"),
-])
-def test_data_parallel_mistakes(planted, hint, capsys):
-    passed, seen = verdict("data_parallel", planted, capsys)
+MISTAKES = [  # (exercise, planted mistake, the hint it must get)
+    ("dp_scatter", split_evenly, "not tensor_split"),
+    ("dp_scatter", tensors_only, "keep the container"),
+    ("dp_scatter", always_n_pieces, "do not make empty ones"),
+    ("dp_gather", lambda outputs, target: torch.stack(outputs), "torch.stack adds a dimension"),
+    ("dp_gather", lambda outputs, target: torch.cat(outputs[::-1]), "keep the devices' order"),
+    ("dp_gather", lambda outputs, target: torch.cat(outputs) if isinstance(
+        outputs[0], torch.Tensor) else (torch.cat([o[0] for o in outputs]),
+                                        outputs[0][1]), "element by element"),
+    ("dp_replicate", lambda m, devices: [copy.deepcopy(m) for _ in devices], "deepcopy"),
+    ("dp_replicate", lambda m, devices: [m for _ in devices], "each device needs a copy"),
+    ("dp_replicate", untied, "tied weight"),
+    ("dp_parallel_apply", one_thread, "start a threading.Thread per replica"),
+    ("dp_parallel_apply", swallows_errors, "an exception in a thread is lost"),
+    ("dp_parallel_apply", reversed_outputs, "at its replica's index"),
+    ("data_parallel", deepcopied_replicas, "gradients differ"),
+    ("data_parallel", first_piece_only, "gather the replicas' outputs"),
+    ("data_parallel", no_gather, "gather the replicas' outputs"),
+]
+
+
+@pytest.mark.parametrize("name, planted, hint", MISTAKES)
+def test_each_planted_mistake_gets_the_hint_that_fits(name, planted, hint, capsys):
+    passed, seen = verdict(name, planted, capsys)
     assert not passed and hint in seen, seen
