@@ -106,6 +106,20 @@ def _hook_layer(module, name: str) -> None:
         param.register_post_accumulate_grad_hook(grad_accumulated)
 
 
+@contextlib.contextmanager
+def labelled(name: str):
+    """Name the collectives issued inside, e.g. "bucket 3", in a traced run
+    (outside one, a no-op)."""
+    local = _recorder._local if _recorder is not None else None
+    if local is not None:
+        local.label = name
+    try:
+        yield
+    finally:
+        if local is not None:
+            local.label = None
+
+
 class Recorder:
     """The events of one rank; appended to from the main thread and from the
     communication threads that complete async work."""
@@ -269,12 +283,8 @@ def _hook_ddp() -> None:
         allreduce_hook)
 
     def labelled_allreduce_hook(process_group, bucket):
-        local = _recorder._local
-        local.label = f"ddp bucket {bucket.index()}"
-        try:
+        with labelled(f"ddp bucket {bucket.index()}"):
             return allreduce_hook(process_group, bucket)
-        finally:
-            local.label = None
 
     def mark_hooked(register):
         @functools.wraps(register)

@@ -1,0 +1,157 @@
+"""DistributedDataParallel from scratch: a bucketed Reducer driven by hooks.
+
+What torch's DDP does (Li et al., "PyTorch Distributed", VLDB 2020), in a
+module a learner can read in one sitting:
+
+1. Construction broadcasts rank 0's parameters (frozen ones too) and buffers,
+   so every replica starts identical; after that, identical gradients keep
+   them identical, so nothing is sent at forward time.
+2. Gradients are grouped into buckets, filled in REVERSE parameter order
+   (roughly the order backward produces them), the first bucket small (1 MiB)
+   so that communication starts early. Each parameter's `.grad` is a view into
+   its bucket's flat buffer: autograd writes gradients straight into the
+   buffer that is sent, and no copy is made either way.
+3. An autograd hook per parameter marks it ready; when a bucket is full of
+   ready gradients it is all-reduced asynchronously while backward goes on.
+   Buckets are launched strictly in bucket order, so every rank issues the
+   same collectives in the same order (out of order, ranks would hang).
+4. At the end of backward (an autograd engine callback) the reducer launches
+   what is left, waits, and divides by the world size: `.grad` holds the
+   average when `backward()` returns.
+
+Parameters that got no gradient in an iteration contribute zeros (their view
+was zeroed before forward), so their buckets are still launched, in order, on
+every rank: torch's `find_unused_parameters=True` behaviour, without the
+graph search. `no_sync()` skips the reduction so gradients accumulate; the
+first backward after it reduces the accumulated sum. Not done here: bucket
+rebuilding after the first iteration, buffer broadcast at every forward.
+"""
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+MIB = 1024 * 1024
+FIRST_BUCKET_CAP_MB = 1.0
+
+
+def bucket_indices(sizes_bytes, cap_bytes, first_cap_bytes=FIRST_BUCKET_CAP_MB * MIB):
+    """Group parameters into buckets: lists of parameter indices, the last
+    parameter first. A bucket closes once it holds at least its cap; the first
+    bucket's cap is the smaller one. cap None: one bucket; 0: one each."""
+    if cap_bytes is None:
+        return [list(reversed(range(len(sizes_bytes))))] if sizes_bytes else []
+    buckets, current, filled = [], [], 0
+    for index in reversed(range(len(sizes_bytes))):
+        current.append(index)
+        filled += sizes_bytes[index]
+        cap = min(cap_bytes, first_cap_bytes) if not buckets else cap_bytes
+        if filled >= cap:
+            buckets.append(current)
+            current, filled = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class Bucket:
+    """A flat buffer holding some parameters' gradients back to back."""
+
+    def __init__(self, index: int, params: list):
+        self.index, self.params = index, params
+        dtype, device = params[0].dtype, params[0].device
+        self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=dtype,
+                                  device=device)
+        self.views, offset = [], 0
+        for p in params:
+            self.views.append(self.buffer[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.ready = 0
+        self.work = None
+
+    def attach_grads(self) -> None:
+        """Point each parameter's .grad at its view (zeroed if it was None)."""
+        for p, view in zip(self.params, self.views):
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                view.zero_() if p.grad is None else view.copy_(p.grad)
+                p.grad = view
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Drop-in for torch's DDP on one device per rank (default group)."""
+
+    def __init__(self, module: torch.nn.Module, bucket_cap_mb: float | None = 25.0):
+        super().__init__()
+        self.module = module
+        self.world_size = dist.get_world_size()
+        with torch.no_grad():
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(tensor.data, src=0)
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        cap = None if bucket_cap_mb is None else bucket_cap_mb * MIB
+        groups = []
+        for dtype in dict.fromkeys(p.dtype for p in trainable):  # one dtype a bucket
+            same = [p for p in trainable if p.dtype == dtype]
+            groups += [[same[i] for i in b] for b in bucket_indices(
+                [p.numel() * p.element_size() for p in same], cap)]
+        self.buckets = [Bucket(i, params) for i, params in enumerate(groups)]
+        self._bucket_of = {p: b for b in self.buckets for p in b.params}
+        self._view_of = {p: v for b in self.buckets for p, v in zip(b.params, b.views)}
+        self._sync = True
+        self._pending = False   # a backward has started reducing
+        self._next_launch = 0   # buckets launch in this order on every rank
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(self._on_gradient_ready)
+
+    def forward(self, *args, **kwargs):
+        for bucket in self.buckets:
+            bucket.attach_grads()
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally; the next backward outside reduces."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+
+    def _on_gradient_ready(self, param) -> None:
+        if not self._sync:
+            return
+        if not self._pending:
+            self._pending = True
+            torch.autograd.Variable._execution_engine.queue_callback(
+                self.finish_gradient_synchronization)
+        bucket = self._bucket_of[param]
+        if param.grad.data_ptr() != self._view_of[param].data_ptr():
+            bucket.attach_grads()  # the .grad was replaced: bring it back home
+        bucket.ready += 1
+        self._launch_ready_buckets()
+
+    def _launch_ready_buckets(self) -> None:
+        """All-reduce, in bucket order, every bucket whose gradients are in."""
+        while (self._next_launch < len(self.buckets)
+               and self.buckets[self._next_launch].ready
+               == len(self.buckets[self._next_launch].params)):
+            self._launch(self.buckets[self._next_launch])
+
+    def _launch(self, bucket: Bucket) -> None:
+        from ddp_teach.tracing import labelled
+        with labelled(f"bucket {bucket.index}"):
+            bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
+        self._next_launch += 1
+
+    def finish_gradient_synchronization(self) -> None:
+        """Launch what is left, wait, average. Runs at the end of backward;
+        calling it again (or without a backward) does nothing."""
+        if not self._pending:
+            return
+        for bucket in self.buckets[self._next_launch:]:
+            self._launch(bucket)  # unused parameters: their zeros go too
+        for bucket in self.buckets:
+            bucket.work.wait()
+            bucket.buffer.div_(self.world_size)
+            bucket.ready, bucket.work = 0, None
+        self._pending, self._next_launch = False, 0
