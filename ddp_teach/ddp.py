@@ -31,6 +31,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from ddp_teach.tracing import labelled
+
 MIB = 1024 * 1024
 FIRST_BUCKET_CAP_MB = 1.0
 
@@ -72,9 +74,13 @@ class Bucket:
     def attach_grads(self) -> None:
         """Point each parameter's .grad at its view (zeroed if it was None)."""
         for p, view in zip(self.params, self.views):
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                view.zero_() if p.grad is None else view.copy_(p.grad)
-                p.grad = view
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)  # a .grad made elsewhere: keep its values
+            else:
+                continue
+            p.grad = view
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -138,7 +144,6 @@ class DistributedDataParallel(torch.nn.Module):
             self._launch(self.buckets[self._next_launch])
 
     def _launch(self, bucket: Bucket) -> None:
-        from ddp_teach.tracing import labelled
         with labelled(f"bucket {bucket.index}"):
             bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
         self._next_launch += 1
