@@ -21,8 +21,11 @@ module a learner can read in one sitting:
 
 Parameters that got no gradient in an iteration contribute zeros (their view
 was zeroed before forward), so their buckets are still launched, in order, on
-every rank: torch's `find_unused_parameters=True` behaviour, without the
-graph search. `no_sync()` skips the reduction so gradients accumulate; the
+every rank and nothing hangs. With `find_unused_parameters=True` the ranks
+also all-reduce a used/unused flag per parameter, as torch does, and a
+parameter no rank used ends with `.grad = None` (so momentum or weight decay
+leave it alone, as on one process); by default it keeps a zero gradient,
+which spares that extra collective. `no_sync()` skips the reduction so gradients accumulate; the
 first backward after it reduces the accumulated sum. Not done here: bucket
 rebuilding after the first iteration, buffer broadcast at every forward.
 """
@@ -86,9 +89,11 @@ class Bucket:
 class DistributedDataParallel(torch.nn.Module):
     """Drop-in for torch's DDP on one device per rank (default group)."""
 
-    def __init__(self, module: torch.nn.Module, bucket_cap_mb: float | None = 25.0):
+    def __init__(self, module: torch.nn.Module, bucket_cap_mb: float | None = 25.0,
+                 find_unused_parameters: bool = False):
         super().__init__()
         self.module = module
+        self.find_unused_parameters = find_unused_parameters
         self.world_size = dist.get_world_size()
         with torch.no_grad():
             for tensor in list(module.parameters()) + list(module.buffers()):
@@ -103,11 +108,15 @@ class DistributedDataParallel(torch.nn.Module):
         self.buckets = [Bucket(i, params) for i, params in enumerate(groups)]
         self._bucket_of = {p: b for b in self.buckets for p in b.params}
         self._view_of = {p: v for b in self.buckets for p, v in zip(b.params, b.views)}
+        self._got_grad: set = set()  # parameters whose hook fired this backward
         self._sync = True
         self._pending = False   # a backward has started reducing
         self._next_launch = 0   # buckets launch in this order on every rank
-        for p in trainable:
+        for handle in getattr(module, "_ddp_hook_handles", []):
+            handle.remove()  # wrapped again (a re-run cell): the old hooks go
+        module._ddp_hook_handles = [
             p.register_post_accumulate_grad_hook(self._on_gradient_ready)
+            for p in trainable]
 
     def forward(self, *args, **kwargs):
         for bucket in self.buckets:
@@ -134,6 +143,7 @@ class DistributedDataParallel(torch.nn.Module):
         if param.grad.data_ptr() != self._view_of[param].data_ptr():
             bucket.attach_grads()  # the .grad was replaced: bring it back home
         bucket.ready += 1
+        self._got_grad.add(param)
         self._launch_ready_buckets()
 
     def _launch_ready_buckets(self) -> None:
@@ -159,4 +169,16 @@ class DistributedDataParallel(torch.nn.Module):
             bucket.work.wait()
             bucket.buffer.div_(self.world_size)
             bucket.ready, bucket.work = 0, None
+        if self.find_unused_parameters:
+            self._forget_unused_gradients()
         self._pending, self._next_launch = False, 0
+        self._got_grad.clear()
+
+    def _forget_unused_gradients(self) -> None:
+        """A parameter that no rank used gets .grad = None, as on one process."""
+        params = list(self._bucket_of)
+        used = torch.tensor([p in self._got_grad for p in params], dtype=torch.int32)
+        dist.all_reduce(used)
+        for param, count in zip(params, used.tolist()):
+            if count == 0:
+                param.grad = None
