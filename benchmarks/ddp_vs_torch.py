@@ -34,6 +34,7 @@ import time
 import torch
 
 import ddp_teach as dt
+from ddp_teach.models import reference_mlp
 from ddp_teach.system import threads_per_rank
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,11 +47,7 @@ TIMEOUT = 300.0
 
 
 def mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(DEPTH):
-        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers)
+    return reference_mlp(WIDTH, DEPTH)
 
 
 def wrap(variant: str, model):

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_teach as dt
+from ddp_teach.models import reference_mlp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD_SIZE, WIDTH, DEPTH, BATCH = 2, 1024, 8, 256
@@ -26,11 +27,7 @@ OVERHEAD_REPEATS = 3
 
 
 def mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(DEPTH):
-        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers)
+    return reference_mlp(WIDTH, DEPTH)
 
 
 def train(rank, world_size, variant: str) -> list[float]:
