@@ -52,8 +52,8 @@ def register(exercise: Exercise) -> Exercise:
 
 
 def _exercise(name: str) -> Exercise:
-    from ddp_teach import (exercise_checks, exercise_checks_ddp,  # noqa: F401
-                           exercise_checks_dp)
+    from ddp_teach import (exercise_checks, exercise_checks_data,  # noqa: F401
+                           exercise_checks_ddp, exercise_checks_dp)
     # (importing the checkers fills the registry)
     if name not in REGISTRY:
         raise KeyError(f"no exercise named {name!r}; the exercises are: "
