@@ -7,7 +7,7 @@ compute marked by `span` or `trace_layers`; `cost` holds the alpha-beta
 model and bandwidth sweeps, `memory` the ZeRO memory calculator.
 """
 from ddp_teach import (collectives, cost, ddp, diagrams, dp, exercises,
-                       memory, widgets)
+                       memory, sampler, syncbn, widgets)
 from ddp_teach.errors import WorkerError, WorkerTimeout
 from ddp_teach.launcher import RunResult, run, shutdown
 from ddp_teach.timeline import Timeline
@@ -40,5 +40,6 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown",
-           "span", "trace_layers", "Timeline", "collectives", "cost", "ddp", "diagrams", "dp",
-           "exercises", "memory", "widgets"]
+           "span", "trace_layers", "Timeline", "collectives", "cost", "ddp",
+           "diagrams", "dp", "exercises", "memory", "sampler", "syncbn",
+           "widgets"]
