@@ -14,11 +14,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
-from ddp_teach.exercises import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
-                                 Verdict, register)
+from ddp_teach.exercises import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE, WRONG,
+                                 Exercise, Verdict, register, run_learner_code)
 
-_TODO = ("the function still raises NotImplementedError: fill it in, then "
-         "run this cell again.")
 SAMPLER_CASES = [(10, 3, shuffle, epoch, drop_last)
                  for shuffle in (False, True) for epoch in (0, 1)
                  for drop_last in (False, True)] + [(12, 4, True, 2, False),
@@ -40,7 +38,7 @@ def check_sampler_split(fn) -> Verdict:
             try:
                 got = list(fn(*args))
             except NotImplementedError:
-                return Verdict(NOT_ATTEMPTED, _TODO)
+                return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
             want = _torch_indices(*args)
             if got == want:
                 continue
@@ -98,15 +96,10 @@ def _stats_on_ranks(rank, world_size, fn):
 
 
 def check_syncbn_stats(fn) -> Verdict:
-    from ddp_teach.errors import WorkerError, WorkerTimeout
-    from ddp_teach.launcher import run
     for world_size in (2, 3):
-        try:
-            results = run(_stats_on_ranks, world_size, args=(fn,), timeout=10.0)
-        except (WorkerError, WorkerTimeout) as err:
-            return Verdict(WRONG, f"on {world_size} ranks:\n{err}")
-        if NOT_ATTEMPTED in results:
-            return Verdict(NOT_ATTEMPTED, _TODO)
+        results, problem = run_learner_code(_stats_on_ranks, world_size, fn)
+        if problem:
+            return problem
         batches = [_local_batch(r) for r in range(world_size)]
         full = torch.cat(batches)
         want_mean, want_var = full.mean(0), full.var(0, unbiased=False)
@@ -178,14 +171,10 @@ def _expected_grads(world_size):
 
 
 def check_no_sync(fn) -> Verdict:
-    from ddp_teach.errors import WorkerError, WorkerTimeout
-    from ddp_teach.launcher import run
-    try:
-        result = run(_accumulate_on_ranks, 2, args=(fn,), trace=True, timeout=15.0)
-    except (WorkerError, WorkerTimeout) as err:
-        return Verdict(WRONG, f"on 2 ranks:\n{err}")
-    if NOT_ATTEMPTED in result:
-        return Verdict(NOT_ATTEMPTED, _TODO)
+    result, problem = run_learner_code(_accumulate_on_ranks, 2, fn,
+                                       timeout=15.0, trace=True)
+    if problem:
+        return problem
     reduces = [e.name for e in result.timeline.for_rank(0).events
                if e.name.startswith("ddp bucket")]
     syncs = len(reduces) // max(1, len(set(reduces)))

@@ -11,11 +11,9 @@ import torch
 import torch.distributed as dist
 
 from ddp_teach.ddp import MIB, bucket_indices
-from ddp_teach.exercises import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
-                                 Verdict, register)
+from ddp_teach.exercises import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE, WRONG,
+                                 Exercise, Verdict, register, run_learner_code)
 
-_TODO = ("the function still raises NotImplementedError: fill it in, then "
-         "run this cell again.")
 WORLD_SIZES = (2, 3)
 BUCKET_CASES = [([2, 2, 2, 2, 2, 2], 4, 2),  # exact fits: tells >= from >
                 ([4, 4, 4, 4], 8, 4), ([100, 200, 300, 400, 500], 450, 150),
@@ -41,7 +39,7 @@ def check_bucket_assignment(fn) -> Verdict:
         try:
             got = fn(list(sizes), cap, first_cap)
         except NotImplementedError:
-            return Verdict(NOT_ATTEMPTED, _TODO)
+            return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
         want = bucket_indices(sizes, cap, first_cap)
         if [list(b) for b in got] == want:
             continue
@@ -120,15 +118,10 @@ def _hook_on_ranks(rank, world_size, make_hook):
 
 
 def check_grad_hook(fn) -> Verdict:
-    from ddp_teach.errors import WorkerError, WorkerTimeout
-    from ddp_teach.launcher import run
     for world_size in WORLD_SIZES:
-        try:
-            results = run(_hook_on_ranks, world_size, args=(fn,), timeout=10.0)
-        except (WorkerError, WorkerTimeout) as err:
-            return Verdict(WRONG, f"on {world_size} ranks:\n{err}")
-        if NOT_ATTEMPTED in results:
-            return Verdict(NOT_ATTEMPTED, _TODO)
+        results, problem = run_learner_code(_hook_on_ranks, world_size, fn)
+        if problem:
+            return problem
         want, seen = _expected_grads(world_size), results[0]
         if seen["launched"] == 0:
             return Verdict(WRONG, "no work was appended to `pending`.\nHint: "
@@ -202,15 +195,10 @@ def _finish_on_ranks(rank, world_size, finish):
 
 
 def check_finish(fn) -> Verdict:
-    from ddp_teach.errors import WorkerError, WorkerTimeout
-    from ddp_teach.launcher import run
     for world_size in WORLD_SIZES:
-        try:
-            results = run(_finish_on_ranks, world_size, args=(fn,), timeout=10.0)
-        except (WorkerError, WorkerTimeout) as err:
-            return Verdict(WRONG, f"on {world_size} ranks:\n{err}")
-        if NOT_ATTEMPTED in results:
-            return Verdict(NOT_ATTEMPTED, _TODO)
+        results, problem = run_learner_code(_finish_on_ranks, world_size, fn)
+        if problem:
+            return problem
         want, seen = _expected_grads(world_size), results[0]
         if not seen["waited"]:
             return Verdict(WRONG, "a bucket's work was never waited for.\n"

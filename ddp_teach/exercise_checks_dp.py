@@ -13,12 +13,10 @@ import threading
 
 import torch
 
-from ddp_teach.exercises import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
-                                 Verdict, register)
+from ddp_teach.exercises import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE, WRONG,
+                                 Exercise, Verdict, register)
 
 DEVICE_COUNTS = (1, 2, 3, 4)
-_TODO = ("the function still raises NotImplementedError: fill it in, then "
-         "run this cell again.")
 
 
 def _same(a, b) -> bool:
@@ -41,7 +39,7 @@ def _attempt(call, error_hints=()):
     try:
         return call(), None
     except NotImplementedError:
-        return None, Verdict(NOT_ATTEMPTED, _TODO)
+        return None, Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
     except Exception as exc:  # the learner's bug, reported, not raised
         message = f"your function raised {type(exc).__name__}: {exc}"
         hint = next((h for text, h in error_hints if text in str(exc)), None)

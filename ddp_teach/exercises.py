@@ -16,6 +16,8 @@ import inspect
 from dataclasses import dataclass, field
 
 NOT_ATTEMPTED, WRONG, CORRECT = "not attempted", "wrong", "correct"
+TODO_MESSAGE = ("the function still raises NotImplementedError: fill it in, "
+                "then run this cell again.")
 _MARK = {NOT_ATTEMPTED: "⏳", WRONG: "❌", CORRECT: "✅"}
 
 
@@ -44,6 +46,22 @@ class Exercise:
 
 
 REGISTRY: dict[str, Exercise] = {}
+
+
+def run_learner_code(worker, world_size: int, fn, timeout: float = 10.0,
+                     trace: bool = False):
+    """Run a checker's `worker(rank, world_size, fn)` on real ranks. Returns
+    (results, None), or (None, Verdict) when the learner's code raised, hung
+    or is still a stub (the worker then returns NOT_ATTEMPTED)."""
+    from ddp_teach.errors import WorkerError
+    from ddp_teach.launcher import run
+    try:
+        results = run(worker, world_size, args=(fn,), timeout=timeout, trace=trace)
+    except WorkerError as err:  # a WorkerTimeout too
+        return None, Verdict(WRONG, f"on {world_size} ranks:\n{err}")
+    if NOT_ATTEMPTED in results:
+        return None, Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
+    return results, None
 
 
 def register(exercise: Exercise) -> Exercise:
