@@ -17,3 +17,14 @@ def no_process_left_behind():
     yield
     left = leftover_processes()
     assert not left, f"processes left behind: {[(p.pid, p.status()) for p in left]}"
+
+
+@pytest.fixture
+def verdict(capsys):
+    """Run an exercise check as a learner would: (passed, what it printed)."""
+    from ddp_teach import exercises
+
+    def check(name, fn):
+        passed = exercises.check(name, fn)
+        return passed, capsys.readouterr().out
+    return check

@@ -5,13 +5,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
-import ddp_teach.exercises as ex
 from ddp_teach.exercise_checks_data import accumulate, global_stats
-
-
-def verdict(name, fn, capsys):
-    passed = ex.check(name, fn)
-    return passed, capsys.readouterr().out
 
 
 def stub(*args):
@@ -28,10 +22,10 @@ def torch_split(length, replicas, rank, shuffle, seed, epoch, drop_last):
 @pytest.mark.parametrize("name, reference", [
     ("sampler_split", torch_split), ("syncbn_stats", global_stats),
     ("no_sync_accumulation", accumulate)])
-def test_references_pass_and_stubs_are_not_attempted(name, reference, capsys):
-    passed, seen = verdict(name, reference, capsys)
+def test_references_pass_and_stubs_are_not_attempted(name, reference, verdict):
+    passed, seen = verdict(name, reference)
     assert passed and "✅" in seen, seen
-    passed, seen = verdict(name, stub, capsys)
+    passed, seen = verdict(name, stub)
     assert not passed and "not attempted" in seen, seen
 
 
@@ -107,6 +101,6 @@ MISTAKES = [  # (exercise, planted mistake, the hint it must get)
 
 
 @pytest.mark.parametrize("name, planted, hint", MISTAKES)
-def test_each_planted_mistake_gets_the_hint_that_fits(name, planted, hint, capsys):
-    passed, seen = verdict(name, planted, capsys)
+def test_each_planted_mistake_gets_the_hint_that_fits(name, planted, hint, verdict):
+    passed, seen = verdict(name, planted)
     assert not passed and hint in seen, seen

@@ -3,15 +3,9 @@ planted mistakes with the hint that fits."""
 import pytest
 import torch.distributed as dist
 
-import ddp_teach.exercises as ex
 from ddp_teach.ddp import bucket_indices
 from ddp_teach.exercise_checks_ddp import (_closing_strictly, finish_buckets,
                                            make_allreduce_hook)
-
-
-def verdict(name, fn, capsys):
-    passed = ex.check(name, fn)
-    return passed, capsys.readouterr().out
 
 
 def stub(*args):
@@ -21,10 +15,10 @@ def stub(*args):
 @pytest.mark.parametrize("name, reference", [
     ("ddp_bucket_assignment", bucket_indices),
     ("ddp_grad_hook", make_allreduce_hook), ("ddp_finish", finish_buckets)])
-def test_references_pass_and_stubs_are_not_attempted(name, reference, capsys):
-    passed, seen = verdict(name, reference, capsys)
+def test_references_pass_and_stubs_are_not_attempted(name, reference, verdict):
+    passed, seen = verdict(name, reference)
     assert passed and "✅" in seen, seen
-    passed, seen = verdict(name, stub, capsys)
+    passed, seen = verdict(name, stub)
     assert not passed and "not attempted" in seen, seen
 
 
@@ -84,6 +78,6 @@ MISTAKES = [  # (exercise, planted mistake, the hint it must get)
 
 
 @pytest.mark.parametrize("name, planted, hint", MISTAKES)
-def test_each_planted_mistake_gets_the_hint_that_fits(name, planted, hint, capsys):
-    passed, seen = verdict(name, planted, capsys)
+def test_each_planted_mistake_gets_the_hint_that_fits(name, planted, hint, verdict):
+    passed, seen = verdict(name, planted)
     assert not passed and hint in seen, seen

@@ -6,28 +6,22 @@ import threading
 import pytest
 import torch
 
-import ddp_teach.exercises as ex
 from ddp_teach import dp
 from ddp_teach.exercise_checks_dp import data_parallel_forward
-
-
-def verdict(name, fn, capsys):
-    passed = ex.check(name, fn)
-    return passed, capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name, reference", [
     ("dp_scatter", dp.scatter), ("dp_gather", dp.gather),
     ("dp_replicate", dp.replicate), ("dp_parallel_apply", dp.parallel_apply),
     ("data_parallel", data_parallel_forward)])
-def test_the_references_are_correct_and_stubs_not_attempted(name, reference, capsys):
-    passed, seen = verdict(name, reference, capsys)
+def test_the_references_are_correct_and_stubs_not_attempted(name, reference, verdict):
+    passed, seen = verdict(name, reference)
     assert passed and "✅" in seen, seen
 
     def stub(*args):
         raise NotImplementedError
 
-    passed, seen = verdict(name, stub, capsys)
+    passed, seen = verdict(name, stub)
     assert not passed and "not attempted" in seen
 
 
@@ -121,6 +115,6 @@ MISTAKES = [  # (exercise, planted mistake, the hint it must get)
 
 
 @pytest.mark.parametrize("name, planted, hint", MISTAKES)
-def test_each_planted_mistake_gets_the_hint_that_fits(name, planted, hint, capsys):
-    passed, seen = verdict(name, planted, capsys)
+def test_each_planted_mistake_gets_the_hint_that_fits(name, planted, hint, verdict):
+    passed, seen = verdict(name, planted)
     assert not passed and hint in seen, seen
