@@ -8,11 +8,12 @@ which input, expected against got, and a hint that fits the mistake), or
 correct (what was tried). It never raises, so a notebook with unsolved
 exercises still runs top to bottom; it returns True only when correct.
 
-The checkers themselves live in `exercise_checks`; this module is the
+The checkers live in the `exercise_checks*` modules; this module is the
 registry and the three calls a notebook uses: `check`, `hint`, `solution`.
 """
 import importlib
 import inspect
+import pkgutil
 from dataclasses import dataclass, field
 
 NOT_ATTEMPTED, WRONG, CORRECT = "not attempted", "wrong", "correct"
@@ -69,10 +70,17 @@ def register(exercise: Exercise) -> Exercise:
     return exercise
 
 
+def _load_checkers() -> None:
+    """Import every `ddp_teach.exercise_checks*` module: each registers its
+    exercises when imported, so a new notebook's checkers need no edit here."""
+    import ddp_teach
+    for module in pkgutil.iter_modules(ddp_teach.__path__):
+        if module.name.startswith("exercise_checks"):
+            importlib.import_module(f"ddp_teach.{module.name}")
+
+
 def _exercise(name: str) -> Exercise:
-    from ddp_teach import (exercise_checks, exercise_checks_data,  # noqa: F401
-                           exercise_checks_ddp, exercise_checks_dp)
-    # (importing the checkers fills the registry)
+    _load_checkers()
     if name not in REGISTRY:
         raise KeyError(f"no exercise named {name!r}; the exercises are: "
                        f"{', '.join(sorted(REGISTRY))}")
