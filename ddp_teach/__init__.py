@@ -4,9 +4,10 @@
 processes; `%load_ext ddp_teach` adds the `%%ddp -n N` cell magic;
 `run(..., trace=True)` returns a `Timeline` of what every rank did, with
 compute marked by `span` or `trace_layers`; `cost` holds the alpha-beta
-model and bandwidth sweeps, `memory` the ZeRO memory calculator.
+model and bandwidth sweeps, `memory` the ZeRO memory calculator, `amp`
+the loss scaler and 16-bit gradient hooks.
 """
-from ddp_teach import (collectives, cost, ddp, diagrams, dp, exercises,
+from ddp_teach import (amp, collectives, cost, ddp, diagrams, dp, exercises,
                        memory, sampler, syncbn, widgets)
 from ddp_teach.errors import WorkerError, WorkerTimeout
 from ddp_teach.launcher import RunResult, run, shutdown

@@ -26,7 +26,10 @@ also all-reduce a used/unused flag per parameter, as torch does, and a
 parameter no rank used ends with `.grad = None` (so momentum or weight decay
 leave it alone, as on one process); by default it keeps a zero gradient,
 which spares that extra collective. `no_sync()` skips the reduction so gradients accumulate; the
-first backward after it reduces the accumulated sum. Not done here: bucket
+first backward after it reduces the accumulated sum. `register_comm_hook`
+replaces the all-reduce of each bucket with the caller's function, under
+torch's contract (`hook(state, bucket) -> Future` of the averaged bucket), so
+torch's hooks and `dt.amp`'s 16-bit ones work here too. Not done here: bucket
 rebuilding after the first iteration, buffer broadcast at every forward.
 """
 import contextlib
@@ -86,6 +89,29 @@ class Bucket:
             p.grad = view
 
 
+class HookBucket:
+    """What a communication hook is handed: the few methods of torch's
+    `dist.GradBucket` that hooks use, over one of our buckets."""
+
+    def __init__(self, bucket: Bucket, is_last: bool):
+        self._bucket, self._is_last = bucket, is_last
+
+    def index(self) -> int:
+        return self._bucket.index
+
+    def buffer(self) -> torch.Tensor:
+        return self._bucket.buffer
+
+    def parameters(self) -> list:
+        return list(self._bucket.params)
+
+    def gradients(self) -> list:
+        return list(self._bucket.views)
+
+    def is_last(self) -> bool:
+        return self._is_last
+
+
 class DistributedDataParallel(torch.nn.Module):
     """Drop-in for torch's DDP on one device per rank (default group)."""
 
@@ -112,6 +138,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync = True
         self._pending = False   # a backward has started reducing
         self._next_launch = 0   # buckets launch in this order on every rank
+        self._comm_hook = None  # (state, hook) once registered
         for handle in getattr(module, "_ddp_hook_handles", []):
             handle.remove()  # wrapped again (a re-run cell): the old hooks go
         module._ddp_hook_handles = [
@@ -131,6 +158,18 @@ class DistributedDataParallel(torch.nn.Module):
             yield
         finally:
             self._sync = True
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Reduce each bucket with `hook(state, bucket)`, which must return a
+        `torch.futures.Future` whose value is the bucket AVERAGED over ranks
+        (DDP then divides no more). Register once, before the first backward."""
+        if self._comm_hook is not None:
+            raise RuntimeError("a communication hook is already registered; "
+                               "wrap the module again to use another")
+        if not callable(hook):
+            raise TypeError(f"hook must be a function hook(state, bucket), got "
+                            f"{type(hook).__name__}")
+        self._comm_hook = (state, hook)
 
     def _on_gradient_ready(self, param) -> None:
         if not self._sync:
@@ -155,8 +194,24 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _launch(self, bucket: Bucket) -> None:
         with labelled(f"bucket {bucket.index}"):
-            bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
+            if self._comm_hook is None:
+                bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
+            else:
+                state, hook = self._comm_hook
+                is_last = bucket.index == len(self.buckets) - 1
+                bucket.work = hook(state, HookBucket(bucket, is_last))
         self._next_launch += 1
+
+    def _wait_and_average(self, bucket: Bucket) -> None:
+        if self._comm_hook is None:
+            bucket.work.wait()
+            bucket.buffer.div_(self.world_size)
+            return
+        averaged = bucket.work.wait()
+        if isinstance(averaged, list):  # a hook that returned the work's future
+            averaged = averaged[0]
+        if averaged.data_ptr() != bucket.buffer.data_ptr():
+            bucket.buffer.copy_(averaged)
 
     def finish_gradient_synchronization(self) -> None:
         """Launch what is left, wait, average. Runs at the end of backward;
@@ -166,8 +221,7 @@ class DistributedDataParallel(torch.nn.Module):
         for bucket in self.buckets[self._next_launch:]:
             self._launch(bucket)  # unused parameters: their zeros go too
         for bucket in self.buckets:
-            bucket.work.wait()
-            bucket.buffer.div_(self.world_size)
+            self._wait_and_average(bucket)
             bucket.ready, bucket.work = 0, None
         if self.find_unused_parameters:
             self._forget_unused_gradients()

@@ -1,0 +1,119 @@
+"""Notebook 05's checkers: each passes the reference and catches planted
+mistakes with the hint that fits."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_teach.amp import bf16_allreduce_hook, fp16_allreduce_hook, next_scale
+
+
+def stub(*args):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("name, reference", [
+    ("loss_scale_update", next_scale), ("compression_hook", fp16_allreduce_hook)])
+def test_references_pass_and_stubs_are_not_attempted(name, reference, verdict):
+    passed, seen = verdict(name, reference)
+    assert passed and "✅" in seen, seen
+    passed, seen = verdict(name, stub)
+    assert not passed and "not attempted" in seen, seen
+
+
+def test_a_bf16_hook_is_right_too(verdict):
+    passed, seen = verdict("compression_hook", bf16_allreduce_hook)
+    assert passed, seen
+
+
+def never_backs_off(scale, tracker, found_inf, growth, backoff, interval):
+    return next_scale(scale, tracker, False, growth, backoff, interval)
+
+
+def count_survives_overflow(scale, tracker, found_inf, growth, backoff, interval):
+    if found_inf:
+        return scale * backoff, tracker
+    return next_scale(scale, tracker, False, growth, backoff, interval)
+
+
+def grows_one_step_late(scale, tracker, found_inf, growth, backoff, interval):
+    if found_inf:
+        return scale * backoff, 0
+    if tracker + 1 > interval:
+        return scale * growth, 0
+    return scale, tracker + 1
+
+
+def count_not_restarted_after_growth(scale, tracker, found_inf, growth, backoff,
+                                     interval):
+    if found_inf:
+        return scale * backoff, 0
+    if tracker + 1 >= interval:
+        return scale * growth, tracker + 1
+    return scale, tracker + 1
+
+
+def returns_only_the_scale(scale, tracker, found_inf, growth, backoff, interval):
+    return next_scale(scale, tracker, found_inf, growth, backoff, interval)[0]
+
+
+@pytest.mark.parametrize("planted, hint", [
+    (never_backs_off, "must multiply the scale by backoff_factor"),
+    (count_survives_overflow, "restart the count of clean steps at 0 whenever"),
+    (grows_one_step_late, "should have grown"),
+    (count_not_restarted_after_growth, "after growing, restart the count"),
+    (returns_only_the_scale, "must return (new_scale, new_growth_tracker)"),
+])
+def test_scale_update_mistakes_are_named(planted, hint, verdict):
+    passed, seen = verdict("loss_scale_update", planted)
+    assert not passed and "❌" in seen and hint in seen, seen
+
+
+def _future_of(buffer, tensor, transform):
+    work = dist.all_reduce(tensor, async_op=True)
+
+    def done(future):
+        buffer.copy_(transform(future.value()[0]))
+        return buffer
+    return work.get_future().then(done)
+
+
+def sums_without_dividing(process_group, bucket):
+    buffer = bucket.buffer()
+    return _future_of(buffer, buffer.half(), lambda t: t)
+
+
+def divides_after_the_sum(process_group, bucket):
+    buffer = bucket.buffer()
+    return _future_of(buffer, buffer.half(),
+                      lambda t: t / dist.get_world_size())
+
+
+def sends_fp32(process_group, bucket):
+    buffer = bucket.buffer()
+    return _future_of(buffer, buffer.div(dist.get_world_size()), lambda t: t)
+
+
+def returns_the_work(process_group, bucket):
+    compressed = bucket.buffer().half().div_(dist.get_world_size())
+    return dist.all_reduce(compressed, async_op=True)
+
+
+def forgets_the_buffer(process_group, bucket):
+    """Averages right, but the future holds a fresh zero tensor."""
+    buffer = bucket.buffer()
+    compressed = buffer.half().div_(dist.get_world_size())
+    work = dist.all_reduce(compressed, async_op=True)
+    return work.get_future().then(lambda f: torch.zeros_like(buffer)
+                                  if buffer.numel() > 5 else f.value()[0])
+
+
+@pytest.mark.parametrize("planted, hint", [
+    (sums_without_dividing, "that is the sum"),
+    (divides_after_the_sum, "Divide by the world size BEFORE"),
+    (sends_fp32, "nothing 16-bit crossed the wire"),
+    (returns_the_work, "not a torch.futures.Future"),
+    (forgets_the_buffer, "in torch's DDP the gradients were off"),
+])
+def test_compression_hook_mistakes_are_named(planted, hint, verdict):
+    passed, seen = verdict("compression_hook", planted)
+    assert not passed and "❌" in seen and hint in seen, seen
