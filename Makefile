@@ -44,9 +44,10 @@ bench: setup
 	$(BIN)/python benchmarks/timeline_overlap.py
 	$(BIN)/python benchmarks/ring_vs_gloo.py
 	$(BIN)/python benchmarks/ddp_vs_torch.py
+	$(BIN)/python benchmarks/zero_vs_torch.py
 	cat benchmarks/launcher_latency.md benchmarks/timeline_overlap.md \
 		benchmarks/ring_vs_gloo.md benchmarks/ddp_vs_torch.md \
-		> benchmarks/results.md
+		benchmarks/zero_vs_torch.md > benchmarks/results.md
 
 html: setup
 	mkdir -p build/html

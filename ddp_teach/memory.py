@@ -45,14 +45,18 @@ def _check_non_negative(name: str, value) -> None:
 
 
 def zero_bytes_per_device(num_params, world_size, stage,
-                          optimizer_bytes_per_param=ADAM_MIXED_PRECISION_K) -> float:
+                          optimizer_bytes_per_param=ADAM_MIXED_PRECISION_K, *,
+                          param_bytes=FP16_PARAM_BYTES,
+                          grad_bytes=FP16_GRAD_BYTES) -> float:
     """Bytes of model states each of `world_size` devices holds under ZeRO `stage`.
 
     Stage 0 is plain data parallelism: every device holds fp16 parameters and
-    gradients (2 + 2 bytes per parameter) and `optimizer_bytes_per_param` (the
-    paper's K; 12 for mixed-precision Adam) of optimizer state, 16 bytes per
-    parameter in all. Stage 1 splits the optimizer state over the devices,
-    stage 2 also the gradients, stage 3 also the parameters.
+    gradients (`param_bytes` + `grad_bytes` = 2 + 2 bytes per parameter) and
+    `optimizer_bytes_per_param` (the paper's K; 12 for mixed-precision Adam)
+    of optimizer state, 16 bytes per parameter in all. Stage 1 splits the
+    optimizer state over the devices, stage 2 also the gradients, stage 3
+    also the parameters. Plain fp32 Adam (no master copy, two fp32 moments)
+    is `param_bytes=4, grad_bytes=4, optimizer_bytes_per_param=8`.
     """
     _check_non_negative("num_params", num_params)
     if (isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral)
@@ -60,8 +64,10 @@ def zero_bytes_per_device(num_params, world_size, stage,
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     _check_stage(stage)
     _check_non_negative("optimizer_bytes_per_param", optimizer_bytes_per_param)
-    params = FP16_PARAM_BYTES * num_params
-    grads = FP16_GRAD_BYTES * num_params
+    _check_non_negative("param_bytes", param_bytes)
+    _check_non_negative("grad_bytes", grad_bytes)
+    params = param_bytes * num_params
+    grads = grad_bytes * num_params
     optimizer = optimizer_bytes_per_param * num_params
     # Each stage moves one more kind of state from "replicated" to "partitioned".
     partitioned_kinds = [optimizer, grads, params][:stage]
@@ -133,9 +139,14 @@ def plot_zero_memory(num_params, world_sizes=PAPER_WORLD_SIZES,
     return figure
 
 
-def measure_model_bytes(model: torch.nn.Module, optimizer=None) -> dict:
+def measure_model_bytes(model: torch.nn.Module, optimizer=None, *,
+                        extra_params=()) -> dict:
     """Bytes a live model's states hold: {"parameters", "gradients",
     "optimizer_state", "total"}.
+
+    `extra_params`: parameters held outside `model` that count as its
+    parameters too, their gradients as gradients (ZeRO's shard, which the
+    optimizer owns; `dt.zero.model_state_bytes` passes it).
 
     Gradients count only where `.grad` is not None (none before the first
     backward). Optimizer state is every tensor in `optimizer.state`, including
@@ -156,7 +167,7 @@ def measure_model_bytes(model: torch.nn.Module, optimizer=None) -> dict:
                 total += storage.nbytes()
         return total
 
-    params = list(model.parameters())
+    params = list(model.parameters()) + list(extra_params)
     sizes = {"parameters": new_bytes(params),
              "gradients": new_bytes(p.grad for p in params if p.grad is not None)}
     state = optimizer.state.values() if optimizer is not None else []

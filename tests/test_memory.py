@@ -69,6 +69,21 @@ def test_stage_3_communicates_1_5x_plain_dp_and_stages_1_2_the_same():
     assert memory.zero_comm_volume(psi, 3) / plain == 1.5
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_fp32_adam_is_4_4_8_bytes_and_the_defaults_stay_mixed_precision(stage):
+    psi, nd = 1_000_000, 4
+    fp32 = {0: 16 * psi, 1: 8 * psi + 8 * psi / nd, 2: 4 * psi + 12 * psi / nd,
+            3: 16 * psi / nd}
+    assert memory.zero_bytes_per_device(
+        psi, nd, stage, optimizer_bytes_per_param=8, param_bytes=4,
+        grad_bytes=4) == pytest.approx(fp32[stage])
+    assert memory.zero_bytes_per_device(psi, nd, stage) == \
+        memory.zero_bytes_per_device(psi, nd, stage, 12, param_bytes=2, grad_bytes=2)
+    # each kind of state is moved on its own
+    assert memory.zero_bytes_per_device(psi, nd, stage, 0, param_bytes=1,
+                                        grad_bytes=0) == (psi / nd if stage == 3 else psi)
+
+
 @pytest.mark.parametrize("kwargs, names", [
     (dict(num_params=10, world_size=4, stage=4), "stage must be 0"),
     (dict(num_params=10, world_size=4, stage=-1), "stage must be 0"),
@@ -81,6 +96,10 @@ def test_stage_3_communicates_1_5x_plain_dp_and_stages_1_2_the_same():
     (dict(num_params=float("nan"), world_size=4, stage=1), "num_params must be a number >= 0"),
     (dict(num_params=10, world_size=4, stage=1, optimizer_bytes_per_param=-4),
      "optimizer_bytes_per_param must be a number >= 0"),
+    (dict(num_params=10, world_size=4, stage=1, param_bytes=-2),
+     "param_bytes must be a number >= 0"),
+    (dict(num_params=10, world_size=4, stage=1, grad_bytes="4"),
+     "grad_bytes must be a number >= 0"),
 ])
 def test_bad_arguments_raise_value_errors_that_say_what_is_allowed(kwargs, names):
     with pytest.raises(ValueError, match=names):
@@ -150,6 +169,18 @@ def test_distinct_parameters_sharing_one_storage_are_counted_once():
     model.b = nn.Parameter(shared)  # model.parameters() lists both
     assert len(list(model.parameters())) == 2
     assert memory.measure_model_bytes(model)["parameters"] == 4 * 20
+
+
+def test_extra_params_count_as_parameters_once_and_their_gradients_too():
+    model = small_model()  # 212 parameters
+    outside = nn.Parameter(torch.zeros(10))  # e.g. an optimizer's shard
+    outside.grad = torch.ones(10)
+    first_weight = next(model.parameters())
+    alias = nn.Parameter(first_weight.data[0])  # shares the model's storage
+    sizes = memory.measure_model_bytes(model, extra_params=[outside, alias])
+    assert sizes["parameters"] == 4 * 212 + 4 * 10
+    assert sizes["gradients"] == 4 * 10
+    assert memory.measure_model_bytes(model)["parameters"] == 4 * 212
 
 
 def test_format_bytes_uses_decimal_units():
