@@ -25,8 +25,10 @@ import traceback
 from ddp_teach import wire
 from ddp_teach.procs import set_parent_death_signal, kill_group
 
+# torch._dynamo: the first optimizer.step() in a process imports it (~1.5 s
+# of CPU); imported once here, every forked worker has it for free.
 PRELOADED_MODULES = ("torch", "torch.distributed", "torch.nn.parallel",
-                     "cloudpickle", "ddp_teach.worker")
+                     "torch._dynamo", "cloudpickle", "ddp_teach.worker")
 FDS_PER_RANK = 3  # stdout, stderr, result
 EXIT_LAUNCHER_BUG = 70  # a worker whose launcher code failed (see its stderr)
 # torch reads these once, at import: a change needs a new server

@@ -99,6 +99,11 @@ def _init_process_group(job: dict, rank: int):
     dist.init_process_group(job["backend"], store=store, rank=rank,
                             world_size=job["world_size"], device_id=device_id,
                             timeout=timedelta(seconds=job["pg_timeout_s"]))
+    if job["backend"] == "gloo":
+        # gloo's init returns on a rank once ITS connections are up; a rank
+        # whose function is instant could exit while a peer is still
+        # connecting to it ("Connection closed by peer"). One barrier: all up.
+        dist.barrier()
 
 
 def _run(rank: int, job: dict) -> dict:
