@@ -5,10 +5,12 @@ processes; `%load_ext ddp_teach` adds the `%%ddp -n N` cell magic;
 `run(..., trace=True)` returns a `Timeline` of what every rank did, with
 compute marked by `span` or `trace_layers`; `cost` holds the alpha-beta
 model and bandwidth sweeps, `memory` the ZeRO memory calculator, `amp`
-the loss scaler and 16-bit gradient hooks.
+the loss scaler and 16-bit gradient hooks, `precision` the number formats,
+`zero` ZeRO stages 1-3.
 """
 from ddp_teach import (amp, collectives, cost, ddp, diagrams, dp, exercises,
-                       memory, sampler, syncbn, widgets)
+                       memory, models, precision, sampler, syncbn, widgets,
+                       zero)
 from ddp_teach.errors import WorkerError, WorkerTimeout
 from ddp_teach.launcher import RunResult, run, shutdown
 from ddp_teach.timeline import Timeline
@@ -41,6 +43,6 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown",
-           "span", "trace_layers", "Timeline", "collectives", "cost", "ddp",
-           "diagrams", "dp", "exercises", "memory", "sampler", "syncbn",
-           "widgets"]
+           "span", "trace_layers", "Timeline", "amp", "collectives", "cost", "ddp",
+           "diagrams", "dp", "exercises", "memory", "models", "precision",
+           "sampler", "syncbn", "widgets", "zero"]
