@@ -25,8 +25,8 @@ the DDP communication hooks docs): cast each bucket to fp16 or bf16 before the
 all-reduce and back afterwards, halving the bytes sent. Each rank divides by
 the world size *before* the cast, because the sum of N fp16 values can
 overflow where their average does not. (Ours are not named like torch's
-`bf16_compress_hook`: torch's DDP refuses any hook of that name unless CUDA
-and NCCL are present, though gloo all-reduces bf16 on CPU well.) The hooks follow torch's comm-hook
+`bf16_compress_hook`: torch's DDP refuses any hook of that name when torch
+was built without CUDA and NCCL, though gloo all-reduces bf16 on CPU well.) The hooks follow torch's comm-hook
 contract, `hook(process_group, bucket) -> Future[Tensor]`, so the same
 function works with torch's DDP (`register_comm_hook`) and the course's
 (`dt.ddp.DistributedDataParallel.register_comm_hook`).

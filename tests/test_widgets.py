@@ -4,7 +4,7 @@ import ipywidgets
 import pytest
 from matplotlib.figure import Figure
 
-from ddp_teach import cost, widgets
+from ddp_teach import cost, memory, widgets
 from ddp_teach.widgets import Run
 
 LINK = cost.Link(alpha=50e-6, beta=1e-9)
@@ -98,3 +98,96 @@ def test_without_a_link_one_is_fitted_once():
     text = "".join(o.get("text", "") for o in out.outputs)
     assert f"model fitted on 2 ranks: {widgets.describe_link(link)}" in text
     assert len(box.runs) == 1
+
+
+# ---- the ZeRO calculator -----------------------------------------------------
+
+MIXED, FP32 = "mixed-precision Adam (2 + 2 + 12)", "fp32 AdamW (4 + 4 + 8)"
+
+
+@pytest.mark.parametrize("precision", [MIXED, FP32])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_breakdown_adds_up_to_the_zero_formula(stage, precision):
+    parts = widgets.zero_breakdown(7.5e9, 64, stage, precision)
+    param_bytes, grad_bytes, k = widgets.PRECISIONS[precision]
+    assert parts["total"] == pytest.approx(parts["parameters"] + parts["gradients"]
+                                           + parts["optimizer_state"])
+    assert parts["total"] == pytest.approx(memory.zero_bytes_per_device(
+        7.5e9, 64, stage, k, param_bytes=param_bytes, grad_bytes=grad_bytes))
+
+
+def test_breakdown_splits_one_more_state_per_stage():
+    per = {s: widgets.zero_breakdown(1e9, 4, s) for s in range(4)}
+    assert per[0] == dict(parameters=2e9, gradients=2e9, optimizer_state=12e9,
+                          total=16e9)
+    assert per[1]["optimizer_state"] == 3e9 and per[1]["gradients"] == 2e9
+    assert per[2]["gradients"] == 0.5e9 and per[2]["parameters"] == 2e9
+    assert per[3]["parameters"] == 0.5e9 and per[3]["total"] == 4e9
+
+
+def test_summary_states_the_total_the_saving_and_the_traffic():
+    text = widgets.zero_summary(7.5e9, 64, 3)
+    assert "Psi = 7.5B parameters, Nd = 64 devices, stage 3 (P_os+g+p)" in text
+    assert "1.88 GB per device (64.0x less than plain DP's 120.00 GB)" in text
+    assert "3 Psi per step (1.5x plain DP's 2 Psi)" in text
+    assert "2 Psi per step (as much as plain DP's" in widgets.zero_summary(
+        7.5e9, 64, 1)
+
+
+def test_breakdown_plot_has_a_stacked_bar_per_stage():
+    fig = widgets.plot_zero_breakdown(7.5e9, 64, stage=2)
+    ax, = fig.axes
+    filled = [p for p in ax.patches if p.get_fill()]
+    assert len(filled) == 3 * 4  # three states x four stages
+    totals = {}
+    for bar in filled:
+        stage = round(bar.get_y() + bar.get_height() / 2)
+        totals[stage] = max(totals.get(stage, 0), bar.get_x() + bar.get_width())
+    for stage in range(4):
+        assert totals[stage] == pytest.approx(
+            memory.zero_bytes_per_device(7.5e9, 64, stage) / 1e9)
+    outline, = [p for p in ax.patches if not p.get_fill()]
+    assert round(outline.get_y() + outline.get_height() / 2) == 2
+
+
+def _calculator_controls(box):
+    sliders, stage, precision, out = box.children
+    size, ranks = sliders.children
+    return size, ranks, stage, precision, out
+
+
+def _shown(out):
+    return "".join(o.get("text", "") for o in out.outputs)
+
+
+def test_calculator_shows_its_initial_state_before_any_change():
+    box = widgets.zero_calculator()
+    size, ranks, stage, precision, out = _calculator_controls(box)
+    assert isinstance(box, ipywidgets.VBox)
+    assert (size.value, ranks.value, stage.value, precision.value) == (
+        7.5e9, 64, 3, MIXED)
+    assert "1.88 GB per device" in _shown(out)
+    assert sum("image/png" in o.get("data", {}) for o in out.outputs) == 1
+    bundle = box._repr_mimebundle_()
+    assert bundle["text/plain"] == widgets.zero_summary(7.5e9, 64, 3)
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_calculator_recomputes_on_every_change():
+    box = widgets.zero_calculator()
+    size, ranks, stage, precision, out = _calculator_controls(box)
+    stage.value = 1
+    assert "31.41 GB per device" in _shown(out)  # the paper: 31.4 at Nd = 64
+    size.value, ranks.value = 1e12, 1024
+    assert "Psi = 1T parameters, Nd = 1024 devices, stage 1" in _shown(out)
+    precision.value = FP32
+    assert FP32 in _shown(out)
+    assert sum("image/png" in o.get("data", {}) for o in out.outputs) == 1
+    assert box.summary() in _shown(out)
+
+
+def test_calculator_accepts_a_size_and_world_size_off_the_sliders():
+    box = widgets.zero_calculator(num_params=3e9, world_size=3, stage=0)
+    size, ranks, *_ = _calculator_controls(box)
+    assert size.value == 3e9 and ranks.value == 3
+    assert "Psi = 3B parameters, Nd = 3 devices" in box.summary()
