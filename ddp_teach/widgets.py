@@ -252,7 +252,7 @@ def zero_calculator(num_params=7.5e9, world_size=64, stage=3,
     stages = w.ToggleButtons(options=[(f"{s}: {name}", s) for s, name in
                                       memory.STAGE_NAMES.items()], value=stage,
                              description="stage")
-    stages.style.button_width = "90px"
+    stages.style.button_width = "110px"
     kind = w.Dropdown(options=list(PRECISIONS), value=precision,
                       description="precision", layout=w.Layout(width="360px"))
     out = w.Output()
