@@ -6,11 +6,14 @@ processes; `%load_ext ddp_teach` adds the `%%ddp -n N` cell magic;
 compute marked by `span` or `trace_layers`; `cost` holds the alpha-beta
 model and bandwidth sweeps, `memory` the ZeRO memory calculator, `amp`
 the loss scaler and 16-bit gradient hooks, `precision` the number formats,
-`zero` ZeRO stages 1-3.
+`zero` ZeRO stages 1-3, `scripts` and `slurm` the way to torchrun and
+clusters, `paramserver`, `pipeline` and `tensor_parallel` what lies beyond
+data parallelism.
 """
-from ddp_teach import (amp, collectives, cost, ddp, diagrams, dp, exercises,
-                       memory, models, precision, sampler, syncbn, widgets,
-                       zero)
+from ddp_teach import (amp, checkpoint, collectives, cost, ddp, diagrams, dp,
+                       exercises, memory, models, paramserver, pipeline,
+                       precision, sampler, scripts, slurm, syncbn,
+                       tensor_parallel, widgets, zero)
 from ddp_teach.errors import WorkerError, WorkerTimeout
 from ddp_teach.launcher import RunResult, run, shutdown
 from ddp_teach.timeline import Timeline
@@ -44,5 +47,6 @@ def load_ipython_extension(ipython):
 
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown",
            "span", "trace_layers", "Timeline", "amp", "collectives", "cost", "ddp",
-           "diagrams", "dp", "exercises", "memory", "models", "precision",
-           "sampler", "syncbn", "widgets", "zero"]
+           "checkpoint", "diagrams", "dp", "exercises", "memory", "models",
+           "paramserver", "pipeline", "precision", "sampler", "scripts",
+           "slurm", "syncbn", "tensor_parallel", "widgets", "zero"]
