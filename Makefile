@@ -7,6 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Extra pip arguments for torch, e.g. a CPU-only index on a laptop (README).
 TORCH_PIP_ARGS ?=
+# `make lab` serves LAB_ROOT and opens on the course's first notebook;
+# LAB_ARGS adds JupyterLab options (e.g. LAB_ARGS="--port=8890 --no-browser").
+LAB_ROOT ?= notebooks
+LAB_ARGS ?=
 
 export JUPYTER_CONFIG_DIR := $(CURDIR)/.jupyter/config
 export JUPYTER_DATA_DIR := $(CURDIR)/.jupyter/data
@@ -15,7 +19,7 @@ export IPYTHONDIR := $(CURDIR)/.jupyter/ipython
 export MPLCONFIGDIR := $(CURDIR)/.jupyter/matplotlib
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup lab test bench html clean
+.PHONY: setup lab browser test bench html clean
 
 setup: $(STAMP) | .jupyter
 
@@ -32,10 +36,32 @@ $(STAMP): pyproject.toml
 
 # Local only, token on; --allow-root only where the user is root (containers).
 lab: setup
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks \
-		$(if $(filter 0,$(shell id -u)),--allow-root)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=$(LAB_ROOT) \
+		--LabApp.default_url=/lab/tree/00_welcome.ipynb \
+		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
-test: setup
+# Chromium and its WebDriver (Debian/Ubuntu packages) for tests/test_browser.py.
+# Installed with apt-get when missing, as root or with password-less sudo;
+# otherwise a message, and that test is skipped.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		:; \
+	elif ! command -v apt-get >/dev/null; then \
+		echo "make browser: no apt-get here; install Chromium and chromedriver" \
+			"yourself, or tests/test_browser.py is skipped"; \
+	elif [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		echo "make browser: installing chromium and chromium-driver with apt-get"; \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends \
+			chromium chromium-driver >/dev/null \
+		|| echo "make browser: apt-get failed; tests/test_browser.py is skipped"; \
+	else \
+		echo "make browser: chromium is missing and installing it needs root;" \
+			"run 'sudo make browser', or tests/test_browser.py is skipped"; \
+	fi
+
+test: setup browser
 	$(BIN)/python -m pytest
 
 # Each benchmark writes its own section; results.md is the two together.
@@ -49,9 +75,9 @@ bench: setup
 		benchmarks/ring_vs_gloo.md benchmarks/ddp_vs_torch.md \
 		benchmarks/zero_vs_torch.md > benchmarks/results.md
 
+# Every notebook executed and rendered, with an index: build/html/index.html.
 html: setup
-	mkdir -p build/html
-	$(BIN)/jupyter nbconvert --to html --execute --output-dir build/html notebooks/*.ipynb
+	$(BIN)/python tools/build_html.py --out build/html
 
 clean:
 	rm -rf $(VENV) .jupyter build *.egg-info
