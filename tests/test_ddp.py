@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import ddp_teach as dt
