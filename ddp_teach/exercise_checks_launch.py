@@ -143,8 +143,11 @@ def check_torchrun_script(fn) -> Verdict:
                     f"    harness({fn.__name__}, sys.argv[-1])\n")
         pythonpath = os.pathsep.join(  # so that the learner's modules import
             os.path.abspath(p or ".") for p in sys.path if os.path.isdir(p or "."))
+        # max_restarts=1: the harness catches the learner's exceptions, so
+        # only a crash restarts, such as gloo aborting while the workers
+        # connect on a loaded machine (seen in CI, cf. pytorch#188266)
         job = scripts.torchrun(path, nnodes=2, nproc_per_node=1, echo=False,
-                               timeout=RUN_TIMEOUT_S,
+                               max_restarts=1, timeout=RUN_TIMEOUT_S,
                                env={"PYTHONPATH": pythonpath})
     finally:
         shutil.rmtree(work, ignore_errors=True)
