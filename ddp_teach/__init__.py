@@ -10,15 +10,20 @@ the loss scaler and 16-bit gradient hooks, `precision` the number formats,
 clusters, `paramserver`, `pipeline` and `tensor_parallel` what lies beyond
 data parallelism.
 """
-from ddp_teach import (amp, checkpoint, collectives, cost, ddp, diagrams, dp,
-                       exercises, memory, models, paramserver, pipeline,
-                       precision, sampler, scripts, slurm, syncbn,
-                       tensor_parallel, widgets, zero)
-from ddp_teach.errors import WorkerError, WorkerTimeout
-from ddp_teach.launcher import RunResult, run, shutdown
-from ddp_teach.timeline import Timeline
-from ddp_teach.tracing import span, trace_layers
-
+# The course, in notebook order: one module per concept.
+from ddp_teach import collectives, cost, diagrams           # 01 collectives
+from ddp_teach import dp                                     # 02 DataParallel
+from ddp_teach import ddp                                    # 03 DDP
+from ddp_teach import sampler, syncbn                        # 04 data and sync
+from ddp_teach import precision, amp                         # 05 mixed precision
+from ddp_teach import memory, flat, zero, fsdp               # 06 sharding
+from ddp_teach import scripts, slurm, checkpoint             # 07 at scale
+from ddp_teach import paramserver, pipeline, tensor_parallel  # 08 beyond DP
+from ddp_teach import models, system, widgets                # used throughout
+# The tooling: running on ranks, timelines, checked exercises.
+from ddp_teach import exercises, launcher, tracing
+from ddp_teach.launcher import RunResult, WorkerError, WorkerTimeout, run, shutdown
+from ddp_teach.tracing import Timeline, span, trace_layers
 
 def _show_figures_as_pictures() -> None:
     """In a notebook, make the matplotlib Figures this package returns show
@@ -41,12 +46,15 @@ _show_figures_as_pictures()
 
 def load_ipython_extension(ipython):
     """`%load_ext ddp_teach`: register the %%ddp cell magic."""
-    from ddp_teach.magic import register
+    from ddp_teach.launcher.magic import register
     register(ipython)
 
 
+COURSE_MODULES = ("collectives", "cost", "diagrams", "dp", "ddp", "sampler",
+                  "syncbn", "precision", "amp", "memory", "flat", "zero", "fsdp",
+                  "scripts", "slurm", "checkpoint", "paramserver", "pipeline",
+                  "tensor_parallel", "models", "system", "widgets")
+TOOLING_PACKAGES = ("exercises", "launcher", "tracing")
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown",
-           "span", "trace_layers", "Timeline", "amp", "collectives", "cost", "ddp",
-           "checkpoint", "diagrams", "dp", "exercises", "memory", "models",
-           "paramserver", "pipeline", "precision", "sampler", "scripts",
-           "slurm", "syncbn", "tensor_parallel", "widgets", "zero"]
+           "span", "trace_layers", "Timeline",
+           *COURSE_MODULES, *TOOLING_PACKAGES]

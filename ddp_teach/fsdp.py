@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_teach.tracing import labelled
-from ddp_teach.zero import flat_slice, shard_size, unflatten
+from ddp_teach.flat import flat_slice, shard_size, unflatten
 
 SHARD_NAME = "flat_param_shard"
 

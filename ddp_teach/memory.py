@@ -90,7 +90,7 @@ def zero_comm_volume(num_params, stage) -> float:
     return float((3 if stage == 3 else 2) * num_params)
 
 
-def _format_count(num_params) -> str:
+def format_count(num_params) -> str:
     """7.5e9 -> '7.5B', 1e12 -> '1T': parameter counts as the paper writes them."""
     for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         if num_params >= scale:
@@ -110,7 +110,7 @@ def zero_table(num_params, world_sizes=PAPER_WORLD_SIZES, stages=(0, 1, 2, 3)) -
     def line(cells):
         return "  ".join(cell.rjust(width) for cell, width in zip(cells, widths))
 
-    title = (f"GB per device, Psi = {_format_count(num_params)} parameters, "
+    title = (f"GB per device, Psi = {format_count(num_params)} parameters, "
              f"mixed-precision Adam (K = {ADAM_MIXED_PRECISION_K})")
     return "\n".join([title, line(headers), line("-" * w for w in widths)]
                      + [line(row) for row in rows])
@@ -132,7 +132,7 @@ def plot_zero_memory(num_params, world_sizes=PAPER_WORLD_SIZES,
     axes.set_ylim(bottom=0)
     axes.set_xlabel("data-parallel degree Nd (devices)")
     axes.set_ylabel("model states per device (GB)")
-    axes.set_title(f"ZeRO memory per device, Psi = {_format_count(num_params)} "
+    axes.set_title(f"ZeRO memory per device, Psi = {format_count(num_params)} "
                    f"parameters, mixed-precision Adam")
     axes.grid(True, alpha=0.3)
     axes.legend()

@@ -26,7 +26,6 @@ server and every worker's parameters come *out* of it, so the server's link
 carries 2 x workers x model bytes per step, while a ring all-reduce sends
 about 2 x model bytes per rank whatever the number of ranks.
 """
-import contextlib
 import os
 import threading
 import time
@@ -38,7 +37,7 @@ import torch.distributed.rpc as rpc
 import torch.nn.functional as F
 
 from ddp_teach import tracing
-from ddp_teach.events import COMM
+from ddp_teach.tracing import COMM
 from ddp_teach.system import loopback_interface
 
 SERVER = "server"
@@ -171,26 +170,16 @@ def _push(version, grads):
     return _server.push(version, grads)
 
 
-@contextlib.contextmanager
-def _comm_span(name: str):
-    """Record an RPC as communication on a traced run's timeline (RPCs are
-    not torch.distributed calls, so the tracer does not see them); the
-    caller sets `["nbytes"]` of the dict it gets."""
-    start, sizes = time.perf_counter(), {"nbytes": 0}
-    yield sizes
-    if tracing._recorder is not None:
-        tracing._recorder.add(name, COMM, start, time.perf_counter(),
-                              sizes["nbytes"])
-
-
 def _work(rank, make_model, batch_fn, steps, loss_fn, delay_s):
     """A worker's loop: pull, compute gradients on its batch, push."""
     model = make_model()
     losses = []
     for step in range(steps):
-        with _comm_span("pull") as sizes:
+        # RPCs are not torch.distributed calls: the tracer does not see them
+        # unless they are marked as communication
+        with tracing.span("pull", COMM) as pull:
             version, params = rpc.rpc_sync(SERVER, _pull)
-            sizes["nbytes"] = tensor_bytes(params)
+            pull.nbytes = tensor_bytes(params)
         with torch.no_grad():
             for p, value in zip(model.parameters(), params):
                 p.copy_(value)
@@ -203,8 +192,7 @@ def _work(rank, make_model, batch_fn, steps, loss_fn, delay_s):
             with tracing.span("straggling"):
                 time.sleep(delay_s)  # a slower worker, when asked
         grads = [p.grad for p in model.parameters()]
-        with _comm_span("push") as sizes:
-            sizes["nbytes"] = tensor_bytes(grads)
+        with tracing.span("push", COMM, nbytes=tensor_bytes(grads)):
             rpc.rpc_sync(SERVER, _push, args=(version, grads))
         losses.append(loss.item())
     return losses

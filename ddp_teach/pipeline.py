@@ -115,7 +115,7 @@ def pipeline_bytes(batch_rows: int, width: int, element_size: int = 4) -> int:
 def after_last_barrier(timeline):
     """Each rank's events after its last `barrier`: the measured step,
     without the warm-up before it."""
-    from ddp_teach.timeline import Timeline
+    from ddp_teach.tracing.timeline import Timeline
     cut = {}
     for e in timeline:
         if e.name == "barrier":

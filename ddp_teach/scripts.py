@@ -28,7 +28,7 @@ import textwrap
 import types
 from pathlib import Path
 
-from ddp_teach.torchrun import TorchrunResult, free_port, run_commands, torchrun
+from ddp_teach.launcher.torchrun import TorchrunResult, free_port, run_commands, torchrun
 
 __all__ = ["export", "source", "torchrun", "run_commands", "TorchrunResult",
            "free_port"]

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_teach.torchrun import TorchrunResult, free_port, run_commands
+from ddp_teach.launcher.torchrun import TorchrunResult, free_port, run_commands
 
 TEMPLATE = """#!/bin/bash
 # {nodes} nodes x {nproc} processes, one torchrun per node.

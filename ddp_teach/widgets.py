@@ -174,10 +174,6 @@ def zero_breakdown(num_params, world_size, stage, precision=MIXED_PRECISION) -> 
     return sizes
 
 
-def _count(num_params) -> str:
-    return memory._format_count(num_params)  # 7.5e9 -> "7.5B", as the paper
-
-
 def zero_summary(num_params, world_size, stage, precision=MIXED_PRECISION) -> str:
     """The calculator's text: each model state per device, the total against
     plain data parallelism, and the communication per step."""
@@ -185,7 +181,7 @@ def zero_summary(num_params, world_size, stage, precision=MIXED_PRECISION) -> st
     plain = zero_breakdown(num_params, world_size, 0, precision)["total"]
     fmt = memory.format_bytes
     volume = memory.zero_comm_volume(num_params, stage) / num_params
-    lines = [f"Psi = {_count(num_params)} parameters, Nd = {world_size} devices, "
+    lines = [f"Psi = {memory.format_count(num_params)} parameters, Nd = {world_size} devices, "
              f"stage {stage} ({memory.STAGE_NAMES[stage]}), {precision}:"]
     lines += [f"  {state.replace('_', ' '):<16}{fmt(sizes[state]):>12}"
               for state in STATES]
@@ -222,7 +218,7 @@ def plot_zero_breakdown(num_params, world_size, stage=None,
     ax.set_ylim(len(stages) - 0.4, -0.6)  # stage 0 on top
     ax.set_xlim(0, max(left.max(), device_gb) * 1.08)
     ax.set_xlabel("GB per device")
-    ax.set_title(f"Psi = {_count(num_params)}, Nd = {world_size}, {precision}",
+    ax.set_title(f"Psi = {memory.format_count(num_params)}, Nd = {world_size}, {precision}",
                  fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1),
@@ -242,7 +238,7 @@ def zero_calculator(num_params=7.5e9, world_size=64, stage=3,
 
     sizes = dict(MODEL_SIZES)
     if num_params not in sizes.values():
-        sizes[_count(num_params)] = num_params
+        sizes[memory.format_count(num_params)] = num_params
     size = w.SelectionSlider(options=sorted(sizes.items(), key=lambda kv: kv[1]),
                              value=num_params, description="parameters",
                              continuous_update=False)

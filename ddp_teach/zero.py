@@ -21,42 +21,14 @@ et al., "PyTorch FSDP", VLDB 2023, arXiv:2304.11277), and the shard the
 optimizer steps is a slice of that same buffer: the update lands directly in
 the model's memory, and sharding costs no extra copy of the parameters.
 """
-import math
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_teach.events import COMM
+from ddp_teach.flat import flat_slice, shard_size, unflatten
+from ddp_teach.fsdp import FullyShardedDataParallel
 from ddp_teach.memory import measure_model_bytes
-from ddp_teach.tracing import labelled
-
-
-def shard_size(numel: int, world_size: int) -> int:
-    """Elements per rank when `numel` are padded to a multiple of world_size."""
-    return math.ceil(numel / world_size)
-
-
-def flat_slice(tensors, start: int, end: int) -> torch.Tensor:
-    """Elements [start, end) of `tensors` laid end to end as one flat vector,
-    zeros past their end (the padding), as a new tensor. Rank r's shard is
-    flat_slice(tensors, r*S, (r+1)*S): built without the whole flat vector."""
-    pieces, offset = [], 0
-    for tensor in tensors:
-        lo, hi = max(start, offset), min(end, offset + tensor.numel())
-        if lo < hi:
-            pieces.append(tensor.detach().reshape(-1)[lo - offset:hi - offset])
-        offset += tensor.numel()
-    padding = (end - start) - sum(piece.numel() for piece in pieces)
-    return torch.cat(pieces + [tensors[0].new_zeros(padding)])
-
-
-def unflatten(flat: torch.Tensor, shapes) -> list:
-    """Views of `flat` with the given shapes, back to back; the padding at
-    the end belongs to no one and is left out."""
-    numels = [math.prod(shape) for shape in shapes]
-    pieces = flat.split(numels + [flat.numel() - sum(numels)])
-    return [piece.view(shape) for piece, shape in zip(pieces, shapes)]
+from ddp_teach.tracing import COMM, labelled
 
 
 def _trainable_tensors(params) -> list:
@@ -271,8 +243,6 @@ def paper_comm_volume(events, world_size: int) -> float:
     return total
 
 
-# At the bottom: fsdp.py imports the helpers above from this module.
-from ddp_teach.fsdp import FullyShardedDataParallel  # noqa: E402
 
 __all__ = ["ShardedOptimizer", "Zero2DataParallel", "FullyShardedDataParallel",
            "shard_size", "flat_slice", "unflatten", "model_state_bytes",

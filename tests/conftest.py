@@ -7,7 +7,8 @@ from ddp_teach import launcher
 
 def leftover_processes() -> list[psutil.Process]:
     """Descendants of this test process other than the fork server itself."""
-    server_pid = launcher._server.pid if launcher._server else None
+    server = launcher.current_fork_server()
+    server_pid = server.pid if server else None
     return [p for p in psutil.Process().children(recursive=True)
             if p.pid != server_pid]
 

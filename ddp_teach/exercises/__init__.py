@@ -1,0 +1,74 @@
+"""Exercises checked on the spot: `dt.exercises.check("ring_allreduce", fn)`.
+
+A learner writes a function in a cell; `check` runs it on real worker
+processes, over several world sizes, tensor lengths and dtypes, compares it
+with the course's own reference, and answers in the learner's terms: not
+attempted yet (the stub still raises NotImplementedError), wrong (which rank,
+which input, expected against got, and a hint that fits the mistake), or
+correct (what was tried). It never raises, so a notebook with unsolved
+exercises still runs top to bottom; it returns True only when correct.
+
+Each notebook's checkers live in a module named after it (nb03_ddp.py for
+03_ddp.ipynb); `registry` says what an exercise is, `harness` runs learner
+code on ranks; this module holds the calls a notebook uses: `check`, `hint`,
+`solution`.
+"""
+import importlib
+import inspect
+import pkgutil
+
+from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, REGISTRY, WRONG,
+                                         Exercise, Verdict)
+
+_MARK = {NOT_ATTEMPTED: "⏳", WRONG: "❌", CORRECT: "✅"}
+
+
+def _load_checkers() -> None:
+    """Import every checker module (nbNN_*.py): each registers its exercises
+    when imported, so a new notebook's checkers need no edit here."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name.startswith("nb"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+def _exercise(name: str) -> Exercise:
+    _load_checkers()
+    if name not in REGISTRY:
+        raise KeyError(f"no exercise named {name!r}; the exercises are: "
+                       f"{', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def check(name: str, fn) -> bool:
+    """Check the learner's `fn` for exercise `name`; print the verdict."""
+    exercise = _exercise(name)
+    if not callable(fn):
+        verdict = Verdict(WRONG, f"expected a function ({exercise.stub_name}), "
+                                 f"got a {type(fn).__name__}")
+    else:
+        verdict = exercise.checker(fn)
+    print(f"{_MARK[verdict.status]} {exercise.title}: {verdict.status}")
+    print(verdict.message)
+    if verdict.status == NOT_ATTEMPTED:
+        print(f"(Stuck? dt.exercises.hint({name!r}) gives a hint.)")
+    return verdict.status == CORRECT
+
+
+def hint(name: str) -> None:
+    """Print the exercise's hints, from gentle to explicit."""
+    exercise = _exercise(name)
+    for number, text in enumerate(exercise.hints, 1):
+        print(f"Hint {number}: {text}")
+
+
+def solution(name: str) -> None:
+    """Print the reference solution's source (try the exercise first!)."""
+    print(inspect.getsource(_exercise(name).reference_function()))
+
+
+def solution_cell(name: str) -> str:
+    """A cell that defines the learner's function as the reference: what a
+    solved notebook runs in place of the exercise cell (used by the tests)."""
+    exercise = _exercise(name)
+    module, function = exercise.reference.split(":")
+    return f"from {module} import {function} as {exercise.stub_name}"

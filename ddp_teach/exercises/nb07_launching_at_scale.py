@@ -1,0 +1,341 @@
+"""Checkers for notebook 07's exercises: a torchrun script, a checkpoint.
+
+`torchrun_script`: the learner's `my_main()` is the body of a script. It
+is checked where it must work: exported with `dt.scripts` and run by real
+torchrun processes, two "nodes" of one process each on this machine. That
+layout is chosen on purpose: LOCAL_RANK is 0 on both processes, so code
+that takes LOCAL_RANK (or a hard-coded 0) for the global rank fails here,
+where on one node with two processes it would pass. A harness around
+`my_main` (running in each worker) records what it did: the arguments it
+gave `init_process_group`, the rank and size it gave `train`, whether it
+destroyed the group. It also keeps a wrong call from hanging the job:
+the group is always created from torchrun's values.
+
+`checkpoint_save`: the learner's save runs on 2 ranks with `dt.run`;
+`torch.save` is watched (who writes, to which file), and rank 0's does
+not write until rank 1 has returned (or 1.5 s have passed): a rank that
+does not wait at a barrier then finds no checkpoint, however the two
+processes happen to be scheduled.
+"""
+import ast
+import inspect
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
+                                         WRONG, Exercise, Verdict, register)
+
+PG_TIMEOUT_S = 20
+RUN_TIMEOUT_S = 60.0
+SLOW_DISK_S = 1.5
+RANK_HINT = ("the global rank is RANK. LOCAL_RANK counts the processes on one "
+             "machine (here each node runs one, so it is 0 on both) and picks "
+             "the GPU; a number written in the code is right on one process "
+             "only. rank = int(os.environ['RANK']).")
+WORLD_HINT = ("the world size is WORLD_SIZE, every process on every node; "
+              "LOCAL_WORLD_SIZE counts one node's (1 here).")
+
+
+def train(rank, world_size, steps=3):
+    """The training job the exercise wraps: torch's DDP on a tiny model,
+    each rank with its own batches; the final parameters."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(8, 4, generator=g)).square().mean().backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+_TRAIN = train  # the harness swaps the name `train`; this stays the reference
+
+
+def torchrun_main():
+    """The reference: the body of a script that torchrun starts."""
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT
+    params = train(rank, world_size)
+    dist.destroy_process_group()
+    return params
+
+
+def harness(main, out_dir) -> None:
+    """In a torchrun worker: run `main()`, save what it did to out_dir."""
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    record = {"env": {n: os.environ[n] for n in names}, "init": None,
+              "train": [], "error": None, "result": None}
+    real_init = dist.init_process_group
+
+    def init_process_group(backend=None, init_method=None, timeout=None,
+                           world_size=-1, rank=-1, store=None, **kwargs):
+        record["init"] = {"init_method": init_method, "rank": rank,
+                          "world_size": world_size, "store": store is not None}
+        real_init("gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
+
+    def recorded_train(rank, world_size, *args, **kwargs):
+        record["train"].append((rank, world_size))
+        if not dist.is_initialized():
+            raise RuntimeError("train() was called before "
+                               "init_process_group()")
+        return _TRAIN(rank, world_size)
+
+    dist.init_process_group = init_process_group
+    for name, value in list(main.__globals__.items()):
+        if value is real_init:
+            main.__globals__[name] = init_process_group
+    main.__globals__["train"] = recorded_train
+    try:
+        record["result"] = main()
+    except NotImplementedError:
+        record["error"] = NOT_ATTEMPTED
+    except Exception as exc:  # reported to the learner, not raised
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    record["left_initialized"] = dist.is_initialized()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    torch.save(record, os.path.join(out_dir, f"rank{record['env']['RANK']}.pt"))
+
+
+def _is_stub(fn) -> bool:
+    """True when the body (after its docstring) starts by raising
+    NotImplementedError: no need to start torchrun to know."""
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
+    except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
+        return False
+    if body and isinstance(body[0], ast.Expr) and isinstance(
+            getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]
+    raised = body[0].exc if body and isinstance(body[0], ast.Raise) else None
+    target = raised.func if isinstance(raised, ast.Call) else raised
+    return getattr(target, "id", None) == "NotImplementedError"
+
+
+def check_torchrun_script(fn) -> Verdict:
+    from ddp_teach import scripts
+    from ddp_teach.launcher.launch import run
+    if _is_stub(fn):
+        return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
+    work = tempfile.mkdtemp(prefix="torchrun-check-")
+    try:
+        path = os.path.join(work, "main_check.py")
+        try:
+            text = scripts.source(fn)
+        except (TypeError, OSError) as exc:
+            return Verdict(WRONG, f"{fn.__name__} cannot become a script: {exc}")
+        with open(path, "w") as f:
+            f.write(text + "\n\nif __name__ == '__main__':\n    import sys\n"
+                    "    from ddp_teach.exercises.nb07_launching_at_scale import harness\n"
+                    f"    harness({fn.__name__}, sys.argv[-1])\n")
+        pythonpath = os.pathsep.join(  # so that the learner's modules import
+            os.path.abspath(p or ".") for p in sys.path if os.path.isdir(p or "."))
+        # max_restarts=1: the harness catches the learner's exceptions, so
+        # only a crash restarts, such as gloo aborting while the workers
+        # connect on a loaded machine (seen in CI, cf. pytorch#188266)
+        job = scripts.torchrun(path, nnodes=2, nproc_per_node=1, echo=False,
+                               max_restarts=1, timeout=RUN_TIMEOUT_S,
+                               env={"PYTHONPATH": pythonpath})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    workers = [l for l in job.output.splitlines() if "[default" in l]
+    tail = "\n".join((workers or job.output.splitlines())[-12:])
+    if job.timed_out or None in job.values or len(job.values) != 2:
+        why = "did not finish" if job.timed_out else "ended without a result"
+        return Verdict(WRONG, f"under torchrun (2 nodes x 1 process) the job "
+                              f"{why}. Its last lines:\n{tail}")
+    return _judge(job.values, run(train, 2, backend="gloo", timeout=30))
+
+
+def _judge(records, expected) -> Verdict:
+    """The first mistake found, looking at every process for each kind in
+    turn (a wrong rank on one process also spoils the others' results)."""
+    if any(r["error"] == NOT_ATTEMPTED for r in records):
+        return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
+    for check in (_raised, _skipped, _not_env, _wrong_rank, _not_destroyed,
+                  _wrong_result):
+        for r in records:
+            where = (f"on the process with RANK={r['env']['RANK']}, "
+                     f"LOCAL_RANK={r['env']['LOCAL_RANK']}, ")
+            problem = check(r, expected[int(r["env"]["RANK"])])
+            if problem:
+                return Verdict(WRONG, where + problem)
+    return Verdict(CORRECT, "ran under torchrun as 2 nodes x 1 process (RANK "
+                   "0 and 1, LOCAL_RANK 0 on both): the group came from "
+                   "torchrun's environment, each process trained as its own "
+                   "rank, left the group cleanly, and the parameters equal "
+                   "dt.run's.")
+
+
+def _raised(r, _):
+    if not r["error"]:
+        return None
+    hint = ("create the process group with dist.init_process_group(\"gloo\") "
+            "first: torchrun starts the processes but does not connect them."
+            if "before init_process_group" in r["error"]
+            else "read the error above.")
+    return f"my_main raised {r['error']}\nHint: {hint}"
+
+
+def _skipped(r, _):
+    if r["init"] is None or not r["train"]:
+        missing = "init_process_group" if r["init"] is None else "train"
+        return f"my_main never called {missing}."
+
+
+def _not_env(r, _):
+    if r["init"]["init_method"] not in (None, "env://") or r["init"]["store"]:
+        return (f"init_process_group was given init_method="
+                f"{r['init']['init_method']!r} (or a store).\nHint: torchrun "
+                "puts the meeting point in MASTER_ADDR and MASTER_PORT; leave "
+                "init_method out and init_process_group reads them (env://).")
+
+
+def _wrong_rank(r, _):
+    rank, size = int(r["env"]["RANK"]), int(r["env"]["WORLD_SIZE"])
+    init = r["init"]
+    for given_rank, given_size in [(init["rank"], init["world_size"])] + [
+            tuple(call) for call in r["train"]]:
+        if given_rank not in (-1, rank):
+            return f"my_main used rank {given_rank}.\nHint: {RANK_HINT}"
+        if given_size not in (-1, size):
+            return f"my_main used world size {given_size}.\nHint: {WORLD_HINT}"
+
+
+def _not_destroyed(r, _):
+    if r["left_initialized"]:
+        return ("the process group was still there when my_main returned.\n"
+                "Hint: end with dist.destroy_process_group(), so that the "
+                "process leaves the group cleanly.")
+
+
+def _wrong_result(r, expected):
+    got = r["result"]
+    if not (isinstance(got, (list, tuple)) and len(got) == len(expected)
+            and all(isinstance(a, torch.Tensor) and torch.equal(a, b)
+                    for a, b in zip(got, expected))):
+        return (f"my_main returned {type(got).__name__} {str(got)[:50]}..., "
+                "not train's parameters.\nHint: return what train(rank, "
+                "world_size) returned.")
+
+
+def _save_on_ranks(rank, world_size, fn, path):
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()  # momentum buffers: state the optimizer must keep
+    writes, real_save, returned = [], torch.save, f"{path}.rank1-returned"
+
+    def watched_save(obj, f, *args, **kwargs):
+        writes.append(os.path.basename(str(f)))
+        deadline = time.monotonic() + SLOW_DISK_S  # a slow disk on rank 0:
+        while rank == 0 and not os.path.exists(returned) and (  # it writes
+                time.monotonic() < deadline):  # once rank 1 went on, or
+            time.sleep(0.02)                     # after SLOW_DISK_S
+        real_save(obj, f, *args, **kwargs)
+
+    torch.save = watched_save
+    try:
+        fn(model, opt, 3, path)
+    except NotImplementedError:
+        return NOT_ATTEMPTED
+    finally:
+        torch.save = real_save
+    seen = (torch.load(path, weights_only=True) if os.path.exists(path)
+            else None)  # right after the save returned: is it there?
+    if rank == 1:
+        open(returned, "w").close()
+    dist.barrier()  # the checker's own, so rank 0 finishes before teardown
+    return {"writes": writes, "seen": seen, "model": model.state_dict(),
+            "optimizer": opt.state_dict()}
+
+
+def check_checkpoint_save(fn) -> Verdict:
+    from ddp_teach.launcher.errors import WorkerError
+    from ddp_teach.launcher.launch import run
+    if _is_stub(fn):
+        return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
+    work = tempfile.mkdtemp(prefix="checkpoint-check-")
+    try:
+        results = run(_save_on_ranks, 2, backend="gloo", timeout=15,
+                      args=(fn, os.path.join(work, "ckpt.pt")))
+    except WorkerError as err:
+        return Verdict(WRONG, f"on 2 ranks:\n{err}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if NOT_ATTEMPTED in results:
+        return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
+    zero, one = results
+    if one["writes"]:
+        return Verdict(WRONG, "rank 1 wrote too.\nHint: every rank holds the "
+                       "same model; only rank 0 writes (if dist.get_rank() == "
+                       "0:), or N processes write one file at once.")
+    if not zero["writes"]:
+        return Verdict(WRONG, "nothing was written.\nHint: rank 0 calls "
+                       "torch.save(state, ...).")
+    if one["seen"] is None:
+        return Verdict(WRONG, "rank 1 went on before the checkpoint was on "
+                       "disk (rank 0's disk was slow).\nHint: every rank calls "
+                       "dist.barrier() after rank 0's save.")
+    if zero["writes"][0] == "ckpt.pt":
+        return Verdict(WRONG, "rank 0 wrote straight into the checkpoint's "
+                       "file: a worker killed mid-write leaves half a file, "
+                       "and the restart cannot load it.\nHint: save to "
+                       "f\"{path}.tmp\", then os.replace(tmp, path), which "
+                       "renames in one step.")
+    state = one["seen"]
+    if not (isinstance(state, dict) and state.get("epoch") == 3
+            and _equal(state.get("model"), zero["model"])
+            and _equal(state.get("optimizer"), zero["optimizer"])):
+        return Verdict(WRONG, "the checkpoint does not hold what a restart "
+                       "needs.\nHint: save {\"model\": model.state_dict(), "
+                       "\"optimizer\": optimizer.state_dict(), \"epoch\": "
+                       "epoch}; the optimizer's momentum is state too.")
+    return Verdict(CORRECT, "only rank 0 wrote, through a temporary file; "
+                   "rank 1 waited until the checkpoint (model, optimizer, "
+                   "epoch) was complete on disk.")
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+register(Exercise(
+    "torchrun_script", "A script that torchrun runs", "my_main",
+    "ddp_teach.exercises.nb07_launching_at_scale:torchrun_main", check_torchrun_script,
+    ["torchrun starts the processes and tells each who it is in its "
+     "environment: RANK, WORLD_SIZE (and LOCAL_RANK, for the GPU).",
+     "dist.init_process_group(\"gloo\") with no address or rank reads "
+     "MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE itself.",
+     "rank = int(os.environ['RANK']); world_size = int(os.environ["
+     "'WORLD_SIZE']); init; params = train(rank, world_size); "
+     "dist.destroy_process_group(); return params."]))
+register(Exercise(
+    "checkpoint_save", "A checkpoint that survives a restart",
+    "my_save_checkpoint", "ddp_teach.checkpoint:save_checkpoint",
+    check_checkpoint_save,
+    ["One file for the whole job, written by rank 0 only; the others wait.",
+     "Write to a temporary name, then os.replace() it onto the real one.",
+     "if dist.get_rank() == 0: torch.save({...}, tmp); os.replace(tmp, "
+     "path) — then dist.barrier() on every rank."]))

@@ -1,0 +1,244 @@
+"""`ddp_teach.run`: run a notebook-defined function on N real worker processes.
+
+The worker side follows torchrun's contract (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT; a default process group), so the same function also
+runs under `torchrun`. The kernel side is what a notebook needs and
+`torch.multiprocessing.spawn` lacks (shared/reference/launcher-prior-art.md):
+functions from cells, return values, live per-rank output, clear errors, hang
+diagnosis, nothing left running, and warm starts through a fork server.
+
+Rendezvous: the kernel binds a socket to 127.0.0.1 on port 0 (the OS picks a
+free port, so no race and no collision) and hands it to a `TCPStore`; gloo is
+pinned to the loopback interface. Nothing listens on other interfaces.
+"""
+import atexit
+import inspect
+import math
+import os
+import pickle
+import socket
+import sys
+import time
+from datetime import timedelta
+
+from ddp_teach.launcher.forkserver import IMPORT_TIME_VARS, ForkServer
+from ddp_teach.launcher.monitor import Monitor, RankPipes
+from ddp_teach.launcher.output import OutputRouter
+from ddp_teach.launcher.pickling import dumps_call
+from ddp_teach.launcher.protocol import Job
+from ddp_teach.launcher.rundirs import new_run_dir
+from ddp_teach.system import choose_backend, loopback_interface, threads_per_rank
+from ddp_teach.launcher.errors import WorkerError
+
+MAX_WORLD_SIZE = 64
+PG_TIMEOUT_MARGIN_S = 30.0  # the kernel's timeout fires first, with stacks
+_server: ForkServer | None = None
+
+
+class RunResult(list):
+    """Per-rank return values in rank order, plus how the run went.
+
+    A plain list to compare and index (`dt.run(f, 4) == [6, 6, 6, 6]`), with
+    `.wall_s` (seconds, launch to last result), `.backend`, `.log_dir` (each
+    rank's full output) and `.timeline` (None unless trace=True).
+    """
+
+    def __init__(self, values, wall_s: float, backend: str, log_dir: str,
+                 timeline=None):
+        super().__init__(values)
+        self.wall_s, self.backend, self.log_dir = wall_s, backend, log_dir
+        self.timeline = timeline
+
+
+def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
+        timeout: float = 60.0, trace: bool = False, env=None,
+        debug: bool = False, network=None) -> RunResult:
+    """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` processes.
+
+    Each worker has the default process group initialised (and destroyed
+    afterwards). Returns a `RunResult`; raises `WorkerError` when a rank fails
+    and `WorkerTimeout` after `timeout` seconds. `debug=True` sets
+    TORCH_DISTRIBUTED_DEBUG=DETAIL, which names mismatched collectives.
+    `env` is set in every worker; a variable torch reads only at import
+    (TORCH_CPP_LOG_LEVEL, TORCH_SHOW_CPP_STACKTRACES, TORCH_LOGS) restarts
+    the fork server so that it takes effect. `trace=True` records every
+    collective and every `dt.span` into `.timeline`. `network=` (anything
+    with `alpha` seconds and `beta` seconds per byte, e.g. a `dt.cost.Link`)
+    emulates a slower link: each collective takes at least alpha + bytes*beta.
+    """
+    kwargs = {} if kwargs is None else kwargs
+    _check_inputs(fn, world_size, args, kwargs, timeout, env)
+    _check_network(network)
+    backend = choose_backend(backend, world_size)
+    call = dumps_call(fn, tuple(args), kwargs)
+    started = time.perf_counter()
+    server = _fork_server({**os.environ, **(env or {})})
+    run_dir = new_run_dir()
+    store, port = kernel_store(timeout)
+    job = _job(call, world_size, backend, port, timeout, env, debug, run_dir,
+               trace, network)
+    try:
+        outcomes = _launch_and_watch(server, job, world_size, timeout)
+    except WorkerError as error:  # raised here so the traceback is short: the
+        raise error.with_traceback(None) from None  # message has the remote one
+    finally:
+        del store  # closes the rendezvous socket
+    values = [_unpickle_value(rank, o.value) for rank, o in enumerate(outcomes)]
+    timeline = None
+    if trace:
+        from ddp_teach.tracing.timeline import Timeline
+        timeline = Timeline(e for o in outcomes for e in o.events)
+    return RunResult(values, time.perf_counter() - started, backend, run_dir,
+                     timeline)
+
+
+def current_fork_server() -> ForkServer | None:
+    """The fork server later runs will reuse, or None before the first run
+    (and after `shutdown`)."""
+    return _server
+
+
+def shutdown() -> None:
+    """Stop the fork server (the next run starts a new one)."""
+    global _server
+    if _server is not None:
+        _server.close()
+        _server = None
+
+
+atexit.register(shutdown)
+
+
+def _launch_and_watch(server, job, world_size, timeout):
+    pipes = [os.pipe() for _ in range(3 * world_size)]
+    try:
+        pids = server.start_workers(world_size, pickle.dumps(job),
+                                    [w for _, w in pipes])
+    except BaseException:
+        shutdown()  # a server that failed mid-request is not trusted again
+        for r, _ in pipes:
+            os.close(r)
+        raise
+    finally:
+        for _, w in pipes:
+            os.close(w)
+    ranks = [RankPipes(rank, pid, *(pipes[3 * rank + i][0] for i in range(3)))
+             for rank, pid in enumerate(pids)]
+    router = OutputRouter(world_size, job.run_dir, sys.stdout, sys.stderr)
+    try:
+        return Monitor(server, ranks, router, timeout, job.stack_files).wait()
+    finally:
+        server.forget(pids)
+
+
+def _job(call, world_size, backend, port, timeout, env, debug, run_dir, trace,
+         network) -> Job:
+    worker_env = dict(os.environ)
+    worker_env.update(env or {})
+    threads = threads_per_rank(world_size)
+    worker_env.update(
+        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads))
+    worker_env.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+    worker_env.setdefault("NCCL_SOCKET_IFNAME", loopback_interface())
+    if debug:
+        worker_env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    return Job(call=call, world_size=world_size, backend=backend, port=port,
+               pg_timeout_s=timeout + PG_TIMEOUT_MARGIN_S, env=worker_env,
+               cwd=os.getcwd(), sys_path=list(sys.path), threads=threads,
+               debug=debug, run_dir=run_dir, cell_sources=_cell_sources(),
+               stack_files=[os.path.join(run_dir, f"rank{r}.stack")
+                            for r in range(world_size)],
+               trace=bool(trace),
+               network=None if network is None else  # plain floats (Job's doc)
+               (float(network.alpha), float(network.beta)))
+
+
+def kernel_store(timeout):
+    """The rendezvous store, served by the kernel on a socket bound to
+    127.0.0.1 (TCPStore alone would listen on every interface)."""
+    import torch.distributed as dist
+    listener = socket.create_server(("127.0.0.1", 0), backlog=MAX_WORLD_SIZE)
+    port = listener.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, is_master=True,
+                          wait_for_workers=False, master_listen_fd=listener.detach(),
+                          timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN_S))
+    return store, port
+
+
+def _cell_sources() -> dict:
+    """Source of notebook cells (files that exist only in linecache), so that
+    workers' tracebacks show the learner's lines."""
+    import linecache
+    return {name: entry for name, entry in list(linecache.cache.items())
+            if len(entry) == 4 and not os.path.exists(name)}
+
+
+def _unpickle_value(rank: int, data: bytes):
+    import cloudpickle
+    try:
+        return cloudpickle.loads(data)
+    except Exception as exc:
+        raise WorkerError(f"rank {rank} returned a value the notebook cannot "
+                          f"load: {type(exc).__name__}: {exc}",
+                          {rank: str(exc)}, rank) from exc
+
+
+def _fork_server(run_env: dict[str, str]) -> ForkServer:
+    """The running fork server, or a new one when there is none, it died, or
+    the run sets a variable that torch only reads at import time (such as
+    TORCH_CPP_LOG_LEVEL) to a value the server's torch did not see."""
+    global _server
+    import_env = {k: run_env[k] for k in IMPORT_TIME_VARS if k in run_env}
+    if _server is not None and (not _server.alive()
+                                or _server.import_env != import_env):
+        shutdown()
+    if _server is None:
+        _server = ForkServer(import_env)
+    return _server
+
+
+def _check_network(network) -> None:
+    if network is None:
+        return
+    values = [getattr(network, name, None) for name in ("alpha", "beta")]
+    if not all(isinstance(v, (int, float)) and v >= 0 for v in values):
+        raise TypeError("network must have non-negative `alpha` (seconds per "
+                        "message) and `beta` (seconds per byte), e.g. "
+                        "dt.cost.Link(alpha=1e-3, beta=1e-8)")
+
+
+def _check_inputs(fn, world_size, args, kwargs, timeout, env) -> None:
+    """Refuse bad input before anything is spawned, saying what to do."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function taking (rank, world_size, ...); "
+                        f"got a {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int from 1 to {MAX_WORLD_SIZE}; "
+                        f"got {world_size!r} ({type(world_size).__name__})")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be from 1 to {MAX_WORLD_SIZE}; got "
+                         f"{world_size}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds; got {timeout!r}")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a positive, finite number of "
+                         f"seconds; got {timeout!r}")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple of extra positional arguments; "
+                        f"got a {type(args).__name__} (for one argument write "
+                        f"args=(x,))")
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict; got a {type(kwargs).__name__}")
+    if env is not None and not (isinstance(env, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise TypeError("env must be a dict of str to str, e.g. "
+                        "{'NCCL_DEBUG': 'INFO'}")
+    try:
+        inspect.signature(fn).bind(0, world_size, *args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"fn is called as fn(rank, world_size, *args, **kwargs) "
+                        f"but its signature does not accept that: {exc}") from None
+    except ValueError:
+        pass  # some builtins have no signature to check

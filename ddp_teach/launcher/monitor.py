@@ -1,0 +1,207 @@
+"""Watch a run's workers until all return, one fails, or time runs out.
+
+One `select` loop in the kernel reads every rank's stdout, stderr and result
+pipe, so output streams live while the run goes on. A rank is finished when its
+result arrived and its output pipes closed. The first failure (an exception, or
+a process that died without a result) starts a short grace period in which the
+other ranks' errors are collected; then the rest are killed. At the timeout
+every live rank is asked for its Python stack (`faulthandler` on SIGUSR1, which
+works even inside a blocking C++ collective), then killed. In every case, an
+interrupt included, no worker outlives `wait()`.
+"""
+import os
+import selectors
+import signal
+import time
+
+from ddp_teach.launcher import errors
+from ddp_teach.launcher.forkserver import EXIT_LAUNCHER_BUG
+from ddp_teach.launcher.procs import kill_group, signal_quietly
+from ddp_teach.launcher.protocol import Failed
+from ddp_teach.launcher.wire import MessageBuffer
+
+FAILURE_GRACE_S = 1.0   # time for other ranks' errors to arrive after the first
+STACK_WAIT_S = 1.0      # time for hung ranks to write their stacks
+REAP_WAIT_S = 3.0       # time for killed workers to be reaped
+
+
+class RankPipes:
+    """The kernel's end of one rank: its pid and its three pipes."""
+
+    def __init__(self, rank: int, pid: int, out_fd: int, err_fd: int, res_fd: int):
+        self.rank, self.pid = rank, pid
+        self.open_fds = {out_fd: "out", err_fd: "err", res_fd: "result"}
+        self.buffer = MessageBuffer()
+        self.outcome = None       # the worker's message: value or error
+        self.failed_at = None     # when the kernel learnt it failed (monotonic)
+        self.failed_wall = None   # when it failed (wall clock, shared by ranks)
+
+    def streams_closed(self) -> bool:
+        return not any(kind != "result" for kind in self.open_fds.values())
+
+    def reported(self) -> bool:
+        return self.outcome is not None or self.failed_at is not None
+
+
+class Monitor:
+    def __init__(self, server, ranks: list[RankPipes], router, timeout: float,
+                 stack_files: list[str]):
+        self.server, self.ranks, self.router = server, ranks, router
+        self.timeout, self.stack_files = timeout, stack_files
+        self.started = time.monotonic()
+        self.selector = selectors.DefaultSelector()  # no FD_SETSIZE limit
+        self.selector.register(server.sock, selectors.EVENT_READ, None)
+        for rank in ranks:
+            for fd in rank.open_fds:
+                self.selector.register(fd, selectors.EVENT_READ, rank)
+
+    def wait(self) -> list[dict]:
+        """Each rank's outcome message, in rank order; raises on failure."""
+        try:
+            return self._loop()
+        except BaseException:  # KeyboardInterrupt too: stop everything first
+            self._stop_all()
+            raise
+        finally:
+            self.selector.close()
+            for rank in self.ranks:
+                for fd in rank.open_fds:
+                    os.close(fd)
+                rank.open_fds.clear()
+            self.router.finish()
+
+    def _loop(self) -> list[dict]:
+        deadline = self.started + self.timeout
+        while True:
+            failed = [r for r in self.ranks if r.failed_at is not None]
+            if not failed and all(r.outcome and r.streams_closed() for r in self.ranks):
+                self._await_exits()
+                return [r.outcome for r in self.ranks]
+            now = time.monotonic()
+            if failed and (now > min(r.failed_at for r in failed) + FAILURE_GRACE_S
+                           or all(r.reported() for r in self.ranks)):
+                self._raise_failure(failed)
+            if now >= deadline:
+                self._raise_timeout()
+            self._pump(min(deadline - now, 0.1))
+
+    def _pump(self, wait_s: float) -> None:
+        """Wait up to wait_s for any pipe to have data, then handle it all."""
+        for key, _ in self.selector.select(max(wait_s, 0)):
+            rank, fd = key.data, key.fd
+            if rank is None:
+                self._read_server_notes()
+                continue
+            chunk = os.read(fd, 1 << 16)
+            kind = rank.open_fds[fd]
+            if kind == "result":
+                self._on_result(rank, chunk)
+            elif chunk:
+                self.router.feed(rank.rank, kind, chunk)
+            else:
+                self.router.close(rank.rank, kind)
+            if not chunk:
+                self.selector.unregister(fd)
+                del rank.open_fds[fd]
+                os.close(fd)
+
+    def _on_result(self, rank: RankPipes, chunk: bytes) -> None:
+        for message in rank.buffer.feed(chunk):
+            rank.outcome = message
+            if isinstance(message, Failed):
+                rank.failed_at, rank.failed_wall = time.monotonic(), message.at
+        if not chunk and rank.outcome is None:  # died without a word
+            rank.failed_at, rank.failed_wall = time.monotonic(), time.time()
+
+    def _death_report(self, rank: RankPipes) -> Failed:
+        """What to say about a rank that exited without sending a result."""
+        self._await_exits([rank], wait_s=FAILURE_GRACE_S)
+        code = self.server.exit_codes.get(rank.pid)
+        if code == EXIT_LAUNCHER_BUG:
+            return Failed("LauncherError",
+                          "ddp_teach's own worker code failed; its traceback "
+                          "is in the rank's output above. Please report it.")
+        if code is None:  # the fork server died too: no exit code to read
+            how = "ended"
+        elif code < 0:
+            how = f"was killed by signal {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        return Failed("WorkerDied",
+                      f"the process {how} before the function returned "
+                      "(os._exit(), a crash in C/C++ code, the out-of-memory "
+                      "killer, or a kill from outside)")
+
+    def _raise_failure(self, failed: list[RankPipes]):
+        # A process that died without a word comes first: peers' errors are
+        # usually echoes of it ("connection closed by peer"). Then by when the
+        # failure happened on its rank, not when the kernel heard of it.
+        failed.sort(key=lambda r: (r.outcome is not None, r.failed_wall))
+        failures = {r.rank: r.outcome if r.outcome else self._death_report(r)
+                    for r in failed}
+        stopped = [r.rank for r in self.ranks if not r.reported()]
+        returned = [r.rank for r in self.ranks if r.outcome and r.failed_at is None]
+        self._stop_all()
+        message = errors.failure_message(failures, [r.rank for r in failed],
+                                         stopped, returned)
+        raise errors.WorkerError(
+            message, {r: f.traceback or f.message for r, f in failures.items()},
+            failed[0].rank)
+
+    def _raise_timeout(self):
+        live = [r for r in self.ranks if not r.reported()]
+        for rank in live:
+            signal_quietly(rank.pid, signal.SIGUSR1)
+        until = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < until and not all(
+                os.path.getsize(self.stack_files[r.rank]) for r in live):
+            self._pump(0.05)  # keep output flowing while stacks are written
+        time.sleep(0.05)  # let a dump that just started finish
+        finished = [r.rank for r in self.ranks if r.reported()]
+        self._stop_all()
+        frames = {r.rank: errors.parse_stack(_read_text(self.stack_files[r.rank]))
+                  for r in live}
+        stacks = {r: errors.format_frames(f) for r, f in frames.items()}
+        in_collective = {r: errors.collective_of(f) for r, f in frames.items()}
+        outside = [r for r in stacks if not in_collective[r]]
+        suspect = (outside or sorted(stacks))[0]
+        raise errors.WorkerTimeout(
+            errors.timeout_message(self.timeout, stacks, in_collective,
+                                   finished, suspect),
+            stacks, suspect, stacks, in_collective)
+
+    def _stop_all(self) -> None:
+        """Kill every worker not yet reaped, then read what they left."""
+        for rank in self.ranks:
+            if rank.pid not in self.server.exit_codes:
+                kill_group(rank.pid)
+        until = time.monotonic() + REAP_WAIT_S
+        while time.monotonic() < until and not all(
+                rank.streams_closed() for rank in self.ranks):
+            self._pump(0.05)
+        self._await_exits()
+
+    def _await_exits(self, ranks=None, wait_s: float = REAP_WAIT_S) -> None:
+        """Wait until the fork server has reaped these ranks' processes."""
+        ranks = self.ranks if ranks is None else ranks
+        until = time.monotonic() + wait_s
+        while (self.server.alive() and time.monotonic() < until
+               and any(r.pid not in self.server.exit_codes for r in ranks)):
+            if self.server.wait_readable(until - time.monotonic()):
+                self._read_server_notes()
+
+    def _read_server_notes(self) -> None:
+        """Exit codes from the fork server. If the server itself died, its
+        workers die with it (parent-death signal); kill them to be sure."""
+        try:
+            self.server.read_notes()
+        except ConnectionError:
+            for rank in self.ranks:
+                kill_group(rank.pid)
+            self.selector.unregister(self.server.sock)
+            raise
+
+
+def _read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()

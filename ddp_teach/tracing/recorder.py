@@ -1,0 +1,247 @@
+"""Record, inside each worker, when it computed and when it communicated.
+
+With `dt.run(..., trace=True)` every torch.distributed collective and
+point-to-point call the run makes is recorded: its name, the bytes of the
+tensors it was given, when it was issued and when its work completed. For an
+`async_op=True` call the completion comes from the work's future, which fires
+in the communication thread the moment the data has arrived, not when the
+program got round to `wait()`. torch's DistributedDataParallel reduces
+gradients in C++, out of Python's sight, so a traced run gives each DDP model
+the Python equivalent of its default hook (torch's own `allreduce_hook`, which
+averages then all-reduces each bucket) unless the learner registered a hook;
+its bucket all-reduces then show up as "ddp bucket i". Compute is what the
+learner marks with `dt.span("backward")`.
+
+`network=` pretends the ranks talk over a slower link: every call then takes
+at least alpha + bytes * beta (the alpha-beta model of Thakur, Rabenseifner &
+Gropp, 2005); the added wait is recorded as `emulated_s` so that timelines can
+show it apart from real time.
+
+Compute is marked by `span` and `trace_layers` (marks.py); `record` adds an
+event for work that is not a torch.distributed call (an RPC, say).
+"""
+import contextlib
+import functools
+import threading
+import time
+
+from ddp_teach.tracing.events import COMM, Event
+
+RECORDED_CALLS = (  # every public torch.distributed call that moves data
+    "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
+    "all_gather_coalesced", "all_gather_into_tensor", "all_gather_single",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+    "all_gather_object", "broadcast_object_list", "gather_object",
+    "scatter_object_list", "send_object_list", "recv_object_list")
+
+_recorder = None  # the Recorder of this worker, when the run is traced
+
+
+def record(name: str, kind: str, start: float, end: float, nbytes: int = 0) -> None:
+    """Add one event (perf_counter seconds) to this worker's trace; a no-op
+    outside a traced run, so code that records runs untraced too."""
+    if _recorder is not None:
+        _recorder.add(name, kind, start, end, nbytes)
+
+
+@contextlib.contextmanager
+def labelled(name: str):
+    """Name the collectives issued inside, e.g. "bucket 3", in a traced run
+    (outside one, a no-op)."""
+    if _recorder is None:
+        yield
+        return
+    local = _recorder.local
+    local.label = name
+    try:
+        yield
+    finally:
+        local.label = None
+
+
+class Recorder:
+    """The events of one rank; appended to from the main thread and from the
+    communication threads that complete async work."""
+
+    def __init__(self, rank: int, network: tuple[float, float] | None = None):
+        self.rank, self.network = rank, network  # (alpha s, beta s per byte)
+        self.events: list[Event] = []
+        self._pending: list = []        # async works not yet completed
+        self.local = threading.local()  # nesting depth and collective label
+
+    def add(self, name, kind, start, end, nbytes=0, emulated_s=0.0) -> None:
+        self.events.append(Event(self.rank, name, kind, start, end, nbytes,
+                                 emulated_s))
+
+    def least_time(self, nbytes: int) -> float:
+        """What the emulated link needs for this many bytes (0 without one)."""
+        if self.network is None:
+            return 0.0
+        alpha, beta = self.network
+        return alpha + nbytes * beta
+
+    def record_call(self, name: str, call, args, kwargs):
+        """Run one torch.distributed call and record it."""
+        local = self.local
+        if getattr(local, "depth", 0):  # inside another recorded call
+            return call(*args, **kwargs)
+        label = getattr(local, "label", None) or name
+        nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs.values())
+        start = time.perf_counter()
+        local.depth = 1
+        try:
+            result = call(*args, **kwargs)
+        finally:
+            local.depth = 0
+        ready_at = start + self.least_time(nbytes)
+        works = result if isinstance(result, list) else [result]
+        if result is not None and all(hasattr(w, "get_future") for w in works):
+            proxies = [self._track(w, label, start, ready_at, nbytes) for w in works]
+            return proxies if isinstance(result, list) else proxies[0]
+        end = time.perf_counter()
+        if end < ready_at:
+            time.sleep(ready_at - end)
+        self.add(label, COMM, start, max(end, ready_at), nbytes,
+                 max(0.0, ready_at - end))
+        return result
+
+    def _track(self, work, name, start, ready_at, nbytes):
+        """Record an async work when its future completes."""
+        def done(_future=None):
+            end = time.perf_counter()
+            self.add(name, COMM, start, max(end, ready_at), nbytes,
+                     max(0.0, ready_at - end))
+        try:
+            future = work.get_future()
+        except RuntimeError:  # gloo's send/recv works have no future
+            work = _CompletedOnWait(work, done)
+        else:
+            future.add_done_callback(done)
+        self._pending.append(work)
+        return _SlowWork(work, ready_at) if self.network is not None else work
+
+    def finish(self) -> list[Event]:
+        """Wait for async work still in flight, then hand over the events.
+        (Waiting twice on a finished gloo send/recv blocks: check first.)"""
+        for work in self._pending:
+            if not work.is_completed():
+                work.wait()
+            if isinstance(work, _CompletedOnWait):
+                work.record_if_never_waited()
+        return sorted(self.events, key=lambda e: e.start)
+
+
+class _CompletedOnWait:
+    """A work without a future (gloo's isend / irecv): the best completion
+    time there is, is when `wait()` returned."""
+
+    def __init__(self, work, on_done):
+        self._work, self._on_done = work, on_done
+
+    def wait(self, *args, **kwargs):
+        result = self._work.wait(*args, **kwargs)
+        self.record_if_never_waited()
+        return result
+
+    def record_if_never_waited(self) -> None:
+        if self._on_done is not None:
+            self._on_done()
+            self._on_done = None
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+class _SlowWork:
+    """An async work that, on an emulated slow link, is not done before
+    `ready_at`: `wait()` and the future both hold back until then."""
+
+    def __init__(self, work, ready_at: float):
+        self._work, self._ready_at = work, ready_at
+
+    def _hold(self, value=None):
+        delay = self._ready_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return value
+
+    def wait(self, *args, **kwargs):
+        return self._hold(self._work.wait(*args, **kwargs))
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed() and time.perf_counter() >= self._ready_at
+
+    def get_future(self):
+        return self._work.get_future().then(lambda fut: self._hold(fut.value()))
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _tensor_bytes(values) -> int:
+    import torch
+    total = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, (list, tuple)):
+            total += _tensor_bytes(value)
+        elif hasattr(value, "tensor") and isinstance(getattr(value, "tensor"),
+                                                     torch.Tensor):
+            total += _tensor_bytes([value.tensor])  # a P2POp
+    return total
+
+
+def install(rank: int, network: tuple[float, float] | None = None) -> Recorder:
+    """Start recording in this worker: wrap torch.distributed's calls and
+    give DDP models a recorded gradient hook."""
+    global _recorder
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    _recorder = Recorder(rank, network)
+    for name in RECORDED_CALLS:
+        recorded = _recorded(name, getattr(c10d, name))
+        setattr(c10d, name, recorded)  # torch's own internal calls too
+        setattr(dist, name, recorded)
+    _hook_ddp()
+    return _recorder
+
+
+def _recorded(name: str, original):
+    @functools.wraps(original)
+    def recorded(*args, **kwargs):
+        return _recorder.record_call(name, original, args, kwargs)
+    return recorded
+
+
+def _hook_ddp() -> None:
+    """Register a recorded all-reduce hook on every DDP model at its first
+    forward, unless the learner registered a hook of their own."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+        allreduce_hook)
+
+    def labelled_allreduce_hook(process_group, bucket):
+        with labelled(f"ddp bucket {bucket.index()}"):
+            return allreduce_hook(process_group, bucket)
+
+    def mark_hooked(register):
+        @functools.wraps(register)
+        def registering(self, *args, **kwargs):
+            self._ddp_teach_hooked = True
+            return register(self, *args, **kwargs)
+        return registering
+
+    original_forward = DDP.forward
+
+    @functools.wraps(original_forward)
+    def forward(self, *args, **kwargs):
+        if not getattr(self, "_ddp_teach_hooked", False):
+            self.register_comm_hook(self.process_group, labelled_allreduce_hook)
+        return original_forward(self, *args, **kwargs)
+
+    DDP.register_comm_hook = mark_hooked(DDP.register_comm_hook)
+    DDP._register_builtin_comm_hook = mark_hooked(DDP._register_builtin_comm_hook)
+    DDP.forward = forward

@@ -1,0 +1,295 @@
+"""When each rank computed and when its gradients travelled: the course's central picture.
+
+Data-parallel training is fast when communication hides behind computation:
+while backward still runs, buckets of finished gradients are already being
+all-reduced. A `Timeline` holds the events every rank recorded (see
+`ddp_teach.events`) and answers, per rank, how much of the communication was
+hidden and how much the rank had to wait for, then draws it: one lane for
+compute and one for communication per rank, on one clock.
+
+The overlap metric is the one of Meta's Holistic Trace Analysis (HTA,
+https://github.com/facebookresearch/HolisticTraceAnalysis, "Communication
+Computation Overlap"): the time during which computation runs while
+communication is under way, divided by the total time spent in communication,
+both taken over the union of each kind's intervals on a rank. HTA reports it as
+a percentage; here it is a fraction in [0, 1].
+"""
+import json
+from typing import Iterable, Iterator
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from ddp_teach.tracing.events import COMM, COMPUTE, Event
+
+Interval = tuple[float, float]
+
+COLORS = {COMPUTE: "#3b6fb6", COMM: "#e07b24"}
+EMULATED_COLOR = "#f6cfa8"
+LANE_HEIGHT = 0.8
+TRACE_THREADS = {COMPUTE: (0, "compute"), COMM: (1, "communication")}
+MS = 1e3
+US = 1e6
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Merge (start, end) intervals into sorted disjoint ones; empty ones vanish."""
+    merged: list[list[float]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def total_length(intervals: Iterable[Interval]) -> float:
+    """Time covered by the intervals, counting overlapping stretches once."""
+    return sum(end - start for start, end in union(intervals))
+
+
+def intersection_length(a: Iterable[Interval], b: Iterable[Interval]) -> float:
+    """Time covered by both sets of intervals (each set is unioned first)."""
+    a, b = union(a), union(b)
+    i = j = 0
+    shared = 0.0
+    while i < len(a) and j < len(b):
+        shared += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return shared
+
+
+def _rows_without_overlap(events: list[Event]) -> list[int]:
+    """A row per event (sorted by start) so that events sharing a row do not
+    overlap: concurrent all-reduces are drawn one above the other."""
+    row_ends: list[float] = []
+    rows = []
+    for e in events:
+        row = next((i for i, end in enumerate(row_ends) if end <= e.start), len(row_ends))
+        if row == len(row_ends):
+            row_ends.append(e.end)
+        else:
+            row_ends[row] = e.end
+        rows.append(row)
+    return rows
+
+
+def _legend(ax, emulated: bool) -> None:
+    """Colour key to the right of `ax`; the emulated entry only when there is some."""
+    handles = [Patch(color=COLORS[COMPUTE], label="compute"),
+               Patch(color=COLORS[COMM], label="communication")]
+    if emulated:
+        handles.append(Patch(facecolor=EMULATED_COLOR, hatch="////", linewidth=0,
+                             hatchcolor=COLORS[COMM], label="emulated (slow link)"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1),
+              frameon=False, fontsize="small")
+
+
+class Timeline:
+    """The events of a run, sorted by (rank, start), with analysis and drawing."""
+
+    def __init__(self, events: Iterable[Event]):
+        self.events = sorted(events, key=lambda e: (e.rank, e.start))
+        unknown = {e.kind for e in self.events} - {COMPUTE, COMM}
+        if unknown:
+            raise ValueError(f"unknown event kind(s) {sorted(unknown)}; "
+                             f"expected {COMPUTE!r} or {COMM!r}")
+        self.ranks = sorted({e.rank for e in self.events})
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __repr__(self) -> str:
+        return f"Timeline({len(self)} events, ranks {self.ranks})"
+
+    def for_rank(self, rank: int) -> "Timeline":
+        return self.filter(rank=rank)
+
+    def filter(self, kind: str | None = None, name: str | None = None,
+               rank: int | None = None) -> "Timeline":
+        """The events matching every criterion given (names match exactly)."""
+        return Timeline(e for e in self.events
+                        if (kind is None or e.kind == kind)
+                        and (name is None or e.name == name)
+                        and (rank is None or e.rank == rank))
+
+    def _intervals(self, rank: int, kind: str) -> list[Interval]:
+        return [(e.start, e.end) for e in self.events
+                if e.rank == rank and e.kind == kind]
+
+    def overlap(self) -> dict[int, float]:
+        """Per rank, the FRACTION (0..1) of communication time during which the
+        rank also computed (HTA's overlap, not a percentage); 0.0 for a rank
+        that did not communicate."""
+        return {rank: row["overlap_s"] / row["comm_s"] if row["comm_s"] > 0 else 0.0
+                for rank, row in self.summary().items()}
+
+    def mean_overlap(self) -> float:
+        """The overlap fraction averaged over ranks (0.0 for an empty timeline)."""
+        fractions = list(self.overlap().values())
+        return sum(fractions) / len(fractions) if fractions else 0.0
+
+    def summary(self) -> dict[int, dict]:
+        """Per rank, where its time went, in seconds and as fractions of its span.
+
+        overlap_s is time both computing and communicating, so it is counted in
+        compute_s and in comm_s: compute_frac + comm_frac + idle_frac equals
+        1 + overlap_s / span_s. exposed_comm_s = comm_s - overlap_s is the
+        communication the rank could not hide behind computation.
+        """
+        table = {}
+        for rank in self.ranks:
+            events = [e for e in self.events if e.rank == rank]
+            compute, comm = self._intervals(rank, COMPUTE), self._intervals(rank, COMM)
+            compute_s, comm_s = total_length(compute), total_length(comm)
+            overlap_s = intersection_length(compute, comm)
+            span_s = max(e.end for e in events) - min(e.start for e in events)
+            row = dict(compute_s=compute_s, comm_s=comm_s, overlap_s=overlap_s,
+                       exposed_comm_s=comm_s - overlap_s,
+                       idle_s=span_s - total_length(compute + comm),
+                       span_s=span_s,
+                       emulated_s=sum(e.emulated_s for e in events))
+            for part in ("compute", "comm", "idle"):
+                row[f"{part}_frac"] = row[f"{part}_s"] / span_s if span_s > 0 else 0.0
+            table[rank] = row
+        return table
+
+    def summary_table(self) -> str:
+        """`summary()` as a fixed-width text table, times in milliseconds."""
+        columns = [("span", "span_s"), ("compute", "compute_s"), ("comm", "comm_s"),
+                   ("overlap", "overlap_s"), ("exposed", "exposed_comm_s"),
+                   ("idle", "idle_s"), ("emulated", "emulated_s")]
+        lines = ["rank" + "".join(f"{title + ' ms':>13}" for title, _ in columns)
+                 + f"{'overlap %':>11}"]
+        overlap = self.overlap()
+        for rank, row in self.summary().items():
+            lines.append(f"{rank:>4}" + "".join(f"{row[key] * MS:>13.2f}" for _, key in columns)
+                         + f"{overlap[rank] * 100:>11.1f}")
+        return "\n".join(lines)
+
+    # ---- drawing -------------------------------------------------------------
+
+    def plot(self, ax=None, title: str | None = None) -> Figure:
+        """Draw a compute lane and a comm lane per rank, time in ms from the
+        first event; into `ax` if given, else into a new (pyplot-free) Figure."""
+        if ax is None:
+            figure = Figure(figsize=(11, 1.2 + 0.45 * 2 * max(1, len(self.ranks))),
+                            layout="constrained")
+            ax = figure.add_subplot()
+        self._draw(ax)
+        _legend(ax, emulated=self._has_emulation())
+        ax.set_xlabel("time (ms)")
+        ax.set_title(title if title is not None else
+                     f"{len(self.ranks)} ranks · communication hidden behind "
+                     f"compute: {self.mean_overlap():.0%} (mean overlap)")
+        return ax.figure
+
+    @staticmethod
+    def compare(a: "Timeline", b: "Timeline", labels=("a", "b")) -> Figure:
+        """Two timelines stacked on one shared time axis, each from its own zero,
+        titled with its label and its mean overlap."""
+        lanes = [2 * max(1, len(t.ranks)) for t in (a, b)]
+        figure = Figure(figsize=(11, 1.8 + 0.45 * sum(lanes)), layout="constrained")
+        axes = figure.subplots(2, 1, sharex=True, height_ratios=lanes)
+        ends_ms = []
+        for ax, timeline, label in zip(axes, (a, b), labels):
+            ends_ms.append(timeline._draw(ax))
+            ax.set_title(f"{label} · mean overlap {timeline.mean_overlap():.0%}", loc="left")
+        axes[0].set_xlim(0, max(ends_ms) * 1.01 or 1)
+        _legend(axes[0], emulated=a._has_emulation() or b._has_emulation())
+        axes[1].set_xlabel("time (ms from each run's first event)")
+        return figure
+
+    def _has_emulation(self) -> bool:
+        return any(e.emulated_s > 0 for e in self.events)
+
+    def _draw(self, ax) -> float:
+        """Draw the lanes into `ax`; return the time drawn, in ms."""
+        origin = min((e.start for e in self.events), default=0.0)
+        end_ms = (max((e.end for e in self.events), default=0.0) - origin) * MS
+        lane_y = {}
+        for index, rank in enumerate(self.ranks):
+            lane_y[rank, COMPUTE], lane_y[rank, COMM] = 2.5 * index, 2.5 * index + 1
+        bars = []  # (event, centre y, height): concurrent events share a lane in rows
+        for (rank, kind), y in lane_y.items():
+            events = [e for e in self.events if e.rank == rank and e.kind == kind]
+            rows = _rows_without_overlap(events)
+            height = LANE_HEIGHT / (max(rows, default=0) + 1)
+            bars += [(e, y - LANE_HEIGHT / 2 + (row + 0.5) * height, height)
+                     for e, row in zip(events, rows)]
+        if bars:
+            events, centres, heights = zip(*bars)
+            ax.barh(centres, [e.duration * MS for e in events], heights,
+                    left=[(e.start - origin) * MS for e in events],
+                    color=[COLORS[e.kind] for e in events], linewidth=0)
+        tails = [(e, y, h) for e, y, h in bars if e.emulated_s > 0]
+        if tails:
+            events, centres, heights = zip(*tails)
+            ax.barh(centres, [e.emulated_s * MS for e in events], heights,
+                    left=[(e.end - e.emulated_s - origin) * MS for e in events],
+                    color=EMULATED_COLOR, hatch="////", hatchcolor=COLORS[COMM], linewidth=0)
+        self._label_wide_bars(ax, bars, origin, end_ms)
+        ax.set_yticks(list(lane_y.values()),
+                      [f"rank {rank} {kind}" for rank, kind in lane_y])
+        ax.set_ylim(max(lane_y.values(), default=1) + 0.75, -0.75)  # rank 0 on top
+        ax.set_xlim(0, end_ms * 1.01 or 1)
+        for index in range(1, len(self.ranks)):
+            ax.axhline(2.5 * index - 0.75, color="0.85", linewidth=0.8)
+        ax.grid(axis="x", color="0.92")
+        ax.set_axisbelow(True)
+        ax.tick_params(axis="y", length=0)
+        return end_ms
+
+    def _label_wide_bars(self, ax, bars, origin: float, end_ms: float,
+                         max_events: int = 60, fontsize: float = 7) -> None:
+        """Write names inside bars wide enough to hold them, when bars are few."""
+        if len(bars) > max_events or end_ms <= 0:
+            return
+        axes_width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
+        ms_per_char = 0.62 * fontsize / axes_width_pt * end_ms * 1.01
+        for e, y, _ in bars:
+            if e.duration * MS >= (len(e.name) + 2) * ms_per_char:
+                ax.text((e.start - origin + e.duration / 2) * MS, y, e.name,
+                        ha="center", va="center", fontsize=fontsize,
+                        color="white" if e.kind == COMPUTE else "black", clip_on=True)
+
+    # ---- Chrome trace (Perfetto, chrome://tracing) ---------------------------
+
+    def to_chrome_trace(self, path) -> None:
+        """Write the Chrome Trace Event Format: one process per rank, thread 0
+        for compute and 1 for communication, times in microseconds from the
+        first event (the original clock origin is kept in "otherData")."""
+        origin = min((e.start for e in self.events), default=0.0)
+        trace = []
+        for rank in self.ranks:
+            trace.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                          "args": {"name": f"rank {rank}"}})
+            for tid, thread in TRACE_THREADS.values():
+                trace.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                              "args": {"name": thread}})
+        for e in self.events:
+            trace.append({"ph": "X", "name": e.name, "cat": e.kind, "pid": e.rank,
+                          "tid": TRACE_THREADS[e.kind][0],
+                          "ts": (e.start - origin) * US, "dur": e.duration * US,
+                          "args": {"nbytes": e.nbytes, "emulated_s": e.emulated_s}})
+        with open(path, "w") as f:
+            json.dump({"traceEvents": trace, "displayTimeUnit": "ms",
+                       "otherData": {"clock_origin_s": origin}}, f)
+
+    @classmethod
+    def from_chrome_trace(cls, path) -> "Timeline":
+        """Read back a trace written by `to_chrome_trace`."""
+        with open(path) as f:
+            trace = json.load(f)
+        origin = trace.get("otherData", {}).get("clock_origin_s", 0.0)
+        return cls(Event(rank=t["pid"], name=t["name"], kind=t["cat"],
+                         start=origin + t["ts"] / US,
+                         end=origin + (t["ts"] + t["dur"]) / US,
+                         nbytes=t["args"]["nbytes"], emulated_s=t["args"]["emulated_s"])
+                   for t in trace["traceEvents"] if t["ph"] == "X")

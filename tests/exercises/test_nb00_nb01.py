@@ -1,0 +1,204 @@
+"""Every checker passes the reference and catches typical learner mistakes,
+each with the hint that fits it; stubs and hangs never stop a notebook."""
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddp_teach.exercises as ex
+from ddp_teach.exercises import nb01_collectives as exercise_checks
+
+
+def check(name, fn, capsys):
+    """(passed, what the learner saw)."""
+    passed = ex.check(name, fn)
+    return passed, capsys.readouterr().out
+
+
+def ring(tensor, all_gather_shift=0, blocking=False):
+    """A ring all-reduce with knobs for two classic mistakes."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = list(tensor.view(-1).tensor_split(world))
+    right, left = (rank + 1) % world, (rank - 1) % world
+
+    def exchange(send_index, recv_index, combine):
+        incoming = torch.empty_like(chunks[recv_index])
+        if blocking:  # every rank sends first: deadlock
+            dist.send(chunks[send_index].clone(), right)
+            dist.recv(incoming, left)
+        else:
+            works = [dist.isend(chunks[send_index].clone(), right),
+                     dist.irecv(incoming, left)]
+            for work in works:
+                work.wait()
+        combine(chunks[recv_index], incoming)
+
+    for step in range(world - 1):
+        exchange((rank - step) % world, (rank - step - 1) % world,
+                 lambda mine, theirs: mine.add_(theirs))
+    for step in range(world - 1):
+        start = rank + 1 + all_gather_shift
+        exchange((start - step) % world, (start - step - 1) % world,
+                 lambda mine, theirs: mine.copy_(theirs))
+
+
+def averaged(tensor):
+    dist.all_reduce(tensor)
+    if tensor.is_floating_point():
+        tensor /= dist.get_world_size()
+    else:
+        tensor //= dist.get_world_size()
+
+
+def without_own_data(tensor):
+    everyone = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, tensor)
+    tensor.copy_(sum(t for r, t in enumerate(everyone) if r != dist.get_rank()))
+
+
+def not_in_place(tensor):
+    result = tensor.clone()
+    dist.all_reduce(result)
+    tensor = result  # rebinds a local name: the caller's tensor is unchanged
+    return tensor
+
+
+def stub(*args):
+    raise NotImplementedError("your turn")
+
+
+def test_the_reference_ring_allreduce_is_correct(capsys):
+    from ddp_teach.collectives import ring_allreduce
+    passed, seen = check("ring_allreduce", ring_allreduce, capsys)
+    assert passed and "✅" in seen and "world sizes (1, 2, 3, 4)" in seen
+
+
+def test_a_correct_hand_written_ring_passes(capsys):
+    assert check("ring_allreduce", ring, capsys)[0]
+
+
+@pytest.mark.parametrize("planted, hint", [
+    (averaged, "you averaged"),
+    (without_own_data, "missing this rank's own data"),
+    (lambda t: ring(t, all_gather_shift=-1), "an index off by one"),
+    (not_in_place, "the tensor did not change"),
+    (lambda t: ring(t, blocking=True), "a deadlock"),
+])
+def test_ring_allreduce_mistakes_get_the_hint_that_fits(planted, hint, capsys):
+    passed, seen = check("ring_allreduce", planted, capsys)
+    assert not passed and "❌" in seen
+    assert hint in seen, seen
+    assert "expected" in seen or "deadlock" in seen
+
+
+def test_the_deadlock_message_says_where_each_rank_waited(capsys):
+    _, seen = check("ring_allreduce", lambda t: ring(t, blocking=True), capsys)
+    assert "rank 0 in send()" in seen and "isend" in seen
+
+
+def test_an_unsolved_stub_is_not_attempted_and_raises_nothing(capsys):
+    for name in ("ring_allreduce", "all_gather_p2p", "fit_alpha_beta", "fix_hang"):
+        passed, seen = check(name, stub, capsys)
+        assert not passed and "not attempted" in seen, (name, seen)
+
+
+def test_an_exception_in_the_learners_code_is_shown_not_raised(capsys):
+    passed, seen = check("ring_allreduce", lambda t: t.no_such_method(), capsys)
+    assert not passed and "AttributeError" in seen and "no_such_method" in seen
+
+
+def test_the_reference_all_gather_is_correct(capsys):
+    from ddp_teach.collectives import ring_all_gather
+    assert check("all_gather_p2p", ring_all_gather, capsys)[0]
+
+
+def gather_by_step(tensor):
+    """Puts what arrives at step s in slot s: the right tensors, wrong places."""
+    from ddp_teach.collectives import ring_all_gather
+    everyone = ring_all_gather(tensor)
+    rank = dist.get_rank()
+    return everyone[rank:] + everyone[:rank]
+
+
+def gather_without_own(tensor):
+    from ddp_teach.collectives import ring_all_gather
+    everyone = ring_all_gather(tensor)
+    everyone[dist.get_rank()] = torch.zeros_like(tensor)
+    return everyone
+
+
+@pytest.mark.parametrize("planted, hint", [
+    (gather_by_step, "index the list by the rank the tensor came FROM"),
+    (gather_without_own, "put your own tensor at index rank"),
+    (lambda t: t, "return a list of"),
+])
+def test_all_gather_mistakes_get_the_hint_that_fits(planted, hint, capsys):
+    passed, seen = check("all_gather_p2p", planted, capsys)
+    assert not passed and hint in seen, seen
+
+
+def test_the_reference_fit_is_correct(capsys):
+    assert check("fit_alpha_beta", exercise_checks.fit_ring_alpha_beta, capsys)[0]
+
+
+def plain_line_fit(sizes, times, p):
+    slope, intercept = np.polyfit(sizes, times, 1)
+    return intercept, slope  # fits t = alpha + n beta: the ring's factors lost
+
+
+@pytest.mark.parametrize("planted, hint", [
+    (lambda s, t, p: exercise_checks.fit_ring_alpha_beta(s, t, p)[::-1],
+     "return (alpha, beta), in that order"),
+    (plain_line_fit, "t = 2(p-1) alpha + 2(p-1)/p n beta"),
+    (lambda s, t, p: (1.0, 1.0), "np.linalg.lstsq"),
+])
+def test_fit_mistakes_get_the_hint_that_fits(planted, hint, capsys):
+    passed, seen = check("fit_alpha_beta", planted, capsys)
+    assert not passed and hint in seen, seen
+
+
+def planted_hang(rank, world_size):
+    a = torch.tensor([float(rank + 1)])
+    b = torch.tensor([float(rank + 100)])
+    if rank == 0:
+        dist.all_reduce(a)
+        dist.broadcast(b, src=0)
+    else:
+        dist.broadcast(b, src=0)
+        dist.all_reduce(a)
+    return a.item(), b.item()
+
+
+def no_broadcast(rank, world_size):
+    a = torch.tensor([float(rank + 1)])
+    dist.all_reduce(a)
+    return a.item(), float(rank + 100)
+
+
+def test_fix_hang_accepts_the_fix_and_explains_the_unfixed_hang(capsys):
+    assert check("fix_hang", exercise_checks.fixed_collective_order, capsys)[0]
+    passed, seen = check("fix_hang", planted_hang, capsys)
+    assert not passed and "deadlock" in seen
+    assert "all_reduce()" in seen and "broadcast()" in seen
+    passed, seen = check("fix_hang", no_broadcast, capsys)
+    assert not passed and "keep the broadcast" in seen
+
+
+def test_hint_solution_and_unknown_names(capsys):
+    ex.hint("ring_allreduce")
+    assert "Hint 1:" in capsys.readouterr().out
+    ex.solution("fit_alpha_beta")
+    assert "def fit_ring_alpha_beta" in capsys.readouterr().out
+    assert ex.solution_cell("ring_allreduce") == (
+        "from ddp_teach.collectives import ring_allreduce as my_ring_allreduce")
+    with pytest.raises(KeyError, match="the exercises are"):
+        ex.check("no_such_exercise", stub)
+    assert not ex.check("fit_alpha_beta", 42)
+
+
+def test_sending_to_yourself_at_world_size_one_gets_a_hint(capsys):
+    def always_sends(tensor):
+        dist.send(tensor, dst=(dist.get_rank() + 1) % dist.get_world_size())
+
+    passed, seen = check("ring_allreduce", always_sends, capsys)
+    assert not passed and "return early when world_size == 1" in seen

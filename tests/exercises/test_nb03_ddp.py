@@ -1,0 +1,83 @@
+"""Notebook 03's checkers: each passes the reference and catches three
+planted mistakes with the hint that fits."""
+import pytest
+import torch.distributed as dist
+
+from ddp_teach.ddp import bucket_indices
+from ddp_teach.exercises.nb03_ddp import (_closing_strictly, finish_buckets,
+                                           make_allreduce_hook)
+
+
+def stub(*args):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("name, reference", [
+    ("ddp_bucket_assignment", bucket_indices),
+    ("ddp_grad_hook", make_allreduce_hook), ("ddp_finish", finish_buckets)])
+def test_references_pass_and_stubs_are_not_attempted(name, reference, verdict):
+    passed, seen = verdict(name, reference)
+    assert passed and "✅" in seen, seen
+    passed, seen = verdict(name, stub)
+    assert not passed and "not attempted" in seen, seen
+
+
+def forward_order(sizes, cap, first_cap):
+    """Buckets filled from the FIRST parameter: the classic mistake."""
+    n = len(sizes)
+    return [[n - 1 - i for i in b] for b in bucket_indices(sizes[::-1], cap, first_cap)]
+
+
+def blocking_hook(pending):
+    def hook(param):
+        pending.append((param, dist.all_reduce(param.grad)))
+    return hook
+
+
+def forgetful_hook(pending):
+    def hook(param):
+        dist.all_reduce(param.grad, async_op=True).wait()
+    return hook
+
+
+def reduces_the_parameter(pending):
+    def hook(param):
+        pending.append((param, dist.all_reduce(param.data, async_op=True)))
+    return hook
+
+
+def no_wait(buckets, world_size):
+    for bucket in buckets:
+        bucket["buffer"].div_(world_size)
+
+
+def no_division(buckets, world_size):
+    finish_buckets(buckets, 1)
+
+
+def offset_not_advanced(buckets, world_size):
+    for bucket in buckets:
+        bucket["work"].wait()
+        bucket["buffer"].div_(world_size)
+        for param in bucket["params"]:
+            param.grad.copy_(bucket["buffer"][:param.numel()].view_as(param))
+
+
+MISTAKES = [  # (exercise, planted mistake, the hint it must get)
+    ("ddp_bucket_assignment", forward_order, "fill buckets from the LAST"),
+    ("ddp_bucket_assignment", lambda s, c, f: bucket_indices(s, c, c) if c
+     else bucket_indices(s, c, f), "the first bucket is capped"),
+    ("ddp_bucket_assignment", _closing_strictly, "AT LEAST its cap"),
+    ("ddp_grad_hook", blocking_hook, "async_op=True"),
+    ("ddp_grad_hook", forgetful_hook, "append (param, work)"),
+    ("ddp_grad_hook", reduces_the_parameter, "not the parameter itself"),
+    ("ddp_finish", no_wait, "never waited"),
+    ("ddp_finish", no_division, "divide the buffer by world_size"),
+    ("ddp_finish", offset_not_advanced, "running offset"),
+]
+
+
+@pytest.mark.parametrize("name, planted, hint", MISTAKES)
+def test_each_planted_mistake_gets_the_hint_that_fits(name, planted, hint, verdict):
+    passed, seen = verdict(name, planted)
+    assert not passed and hint in seen, seen
