@@ -40,7 +40,7 @@ lab: setup
 		--LabApp.default_url=/lab/tree/00_welcome.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
-# Chromium and its WebDriver (Debian/Ubuntu packages) for tests/test_browser.py.
+# Chromium and its WebDriver (Debian/Ubuntu packages) for tests/notebooks/test_browser.py.
 # Installed with apt-get when missing, as root or with password-less sudo;
 # otherwise a message, and that test is skipped.
 browser:
@@ -48,17 +48,17 @@ browser:
 		:; \
 	elif ! command -v apt-get >/dev/null; then \
 		echo "make browser: no apt-get here; install Chromium and chromedriver" \
-			"yourself, or tests/test_browser.py is skipped"; \
+			"yourself, or tests/notebooks/test_browser.py is skipped"; \
 	elif [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		echo "make browser: installing chromium and chromium-driver with apt-get"; \
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends \
 			chromium chromium-driver >/dev/null \
-		|| echo "make browser: apt-get failed; tests/test_browser.py is skipped"; \
+		|| echo "make browser: apt-get failed; tests/notebooks/test_browser.py is skipped"; \
 	else \
 		echo "make browser: chromium is missing and installing it needs root;" \
-			"run 'sudo make browser', or tests/test_browser.py is skipped"; \
+			"run 'sudo make browser', or tests/notebooks/test_browser.py is skipped"; \
 	fi
 
 test: setup browser

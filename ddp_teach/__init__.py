@@ -3,12 +3,11 @@
 `run(fn, world_size)` runs a notebook-defined function on real worker
 processes; `%load_ext ddp_teach` adds the `%%ddp -n N` cell magic;
 `run(..., trace=True)` returns a `Timeline` of what every rank did, with
-compute marked by `span` or `trace_layers`; `cost` holds the alpha-beta
-model and bandwidth sweeps, `memory` the ZeRO memory calculator, `amp`
-the loss scaler and 16-bit gradient hooks, `precision` the number formats,
-`zero` ZeRO stages 1-3, `scripts` and `slurm` the way to torchrun and
-clusters, `paramserver`, `pipeline` and `tensor_parallel` what lies beyond
-data parallelism.
+compute marked by `span` or `trace_layers`.
+
+The modules below are the course, one concept each, in the order the
+notebooks teach them; `launcher/`, `tracing/` and `exercises/` are the
+tooling that runs, draws and checks it, and a first reading can skip them.
 """
 # The course, in notebook order: one module per concept.
 from ddp_teach import collectives, cost, diagrams           # 01 collectives

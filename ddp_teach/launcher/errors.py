@@ -1,7 +1,9 @@
 """The errors a run raises, written so a learner can find the culprit.
 
-Prior launchers say "process 0 terminated with exit code 1" and lose the real
-traceback (see shared/reference/launcher-prior-art.md). Here a failure names
+`torch.multiprocessing.spawn` reports a failed worker as "process 0 terminated
+with exit code 1", the real traceback lost (torch/multiprocessing/spawn.py,
+ProcessExitedException), and a hang waits out the process group's timeout with
+no stack (pytorch/pytorch#49846). Here a failure names
 the rank, the exception and shows the remote traceback; a hang shows where
 every live rank was stuck, and which ranks were waiting inside a collective.
 """

@@ -3,9 +3,10 @@
 The worker side follows torchrun's contract (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT; a default process group), so the same function also
 runs under `torchrun`. The kernel side is what a notebook needs and
-`torch.multiprocessing.spawn` lacks (shared/reference/launcher-prior-art.md):
-functions from cells, return values, live per-rank output, clear errors, hang
-diagnosis, nothing left running, and warm starts through a fork server.
+`torch.multiprocessing.spawn` lacks: functions from cells (spawn pickles by
+reference, and a child cannot find a function defined in `__main__`), return
+values, live per-rank output, clear errors, hang diagnosis, nothing left
+running, and warm starts through a fork server.
 
 Rendezvous: the kernel binds a socket to 127.0.0.1 on port 0 (the OS picks a
 free port, so no race and no collision) and hands it to a `TCPStore`; gloo is

@@ -1,5 +1,5 @@
-"""The `dt.run` contract of design.md: what a learner's function may be, what
-comes back, and what the workers see."""
+"""The `dt.run` contract (README, "Running your own code on workers"): what a
+learner's function may be, what comes back, and what the workers see."""
 import math
 import os
 
