@@ -281,7 +281,7 @@ def bandwidth_sweep(world_size: int = 2, sizes=None, op: str = "all_reduce",
     a barrier, and keeps the median; a row's time is the slowest rank's. Sizes
     are rounded to whole float32 elements that split evenly over the ranks.
     """
-    from ddp_teach.launcher.launch import run
+    from ddp_teach.launcher import run
     _check_op(op, DEFAULT_ALGORITHM)
     _check_ranks("world_size", world_size)
     if sizes is None:

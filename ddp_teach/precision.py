@@ -147,7 +147,7 @@ def plot_gradient_histogram(values: torch.Tensor, scale: float | None = None,
     figure = Figure(figsize=(10, 3.6), layout="constrained")
     axes = figure.add_subplot()
     for (data, label, color), log in zip(series, logs):
-        lost = _percent(underflow_fraction(data, dtype))
+        lost = format_percent(underflow_fraction(data, dtype))
         axes.hist(log.numpy(), bins=edges, alpha=0.6, color=color,
                   label=f"{label} ({lost} become 0 in {info['name']})")
     limits = [("smallest subnormal", info["smallest_subnormal"], ":",
@@ -170,7 +170,7 @@ def plot_gradient_histogram(values: torch.Tensor, scale: float | None = None,
     return figure
 
 
-def _percent(fraction: float) -> str:
+def format_percent(fraction: float) -> str:
     """Whole percents, but two significant digits below 1%, so that a small
     share does not read as 0: 0.352 -> '35%', 5.4e-05 -> '0.0054%'."""
     if fraction == 0 or fraction >= 0.01:

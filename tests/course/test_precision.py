@@ -146,7 +146,7 @@ def test_gradient_histogram_reports_the_underflow_share():
     (0.0, "0%"), (0.352, "35%"), (1.0, "100%"), (0.005, "0.5%"),
     (5.4e-05, "0.0054%")])
 def test_shares_are_shown_without_reading_as_zero(fraction, shown):
-    assert precision._percent(fraction) == shown
+    assert precision.format_percent(fraction) == shown
 
 
 def test_gradient_histogram_refuses_all_zeros():
