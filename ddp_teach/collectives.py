@@ -28,7 +28,7 @@ Algorithms for Clusters of Workstations", JPDC 69(2), 2009 (the ring).
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_allreduce", "ring_reduce_scatter", "ring_all_gather",
+__all__ = ["ring_allreduce", "ring_reduce_scatter", "ring_all_gather", "fixed_collective_order",
            "naive_allreduce", "tree_allreduce"]
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddp_teach import dp
-from ddp_teach.exercises.nb02_dataparallel import data_parallel_forward
+from ddp_teach.dp import data_parallel_forward
 
 
 @pytest.mark.parametrize("name, reference", [

@@ -3,9 +3,8 @@ planted mistakes with the hint that fits."""
 import pytest
 import torch.distributed as dist
 
-from ddp_teach.ddp import bucket_indices
-from ddp_teach.exercises.nb03_ddp import (_closing_strictly, finish_buckets,
-                                           make_allreduce_hook)
+from ddp_teach.ddp import bucket_indices, finish_buckets, make_allreduce_hook
+from ddp_teach.exercises.nb03_ddp import closing_strictly
 
 
 def stub(*args):
@@ -67,7 +66,7 @@ MISTAKES = [  # (exercise, planted mistake, the hint it must get)
     ("ddp_bucket_assignment", forward_order, "fill buckets from the LAST"),
     ("ddp_bucket_assignment", lambda s, c, f: bucket_indices(s, c, c) if c
      else bucket_indices(s, c, f), "the first bucket is capped"),
-    ("ddp_bucket_assignment", _closing_strictly, "AT LEAST its cap"),
+    ("ddp_bucket_assignment", closing_strictly, "AT LEAST its cap"),
     ("ddp_grad_hook", blocking_hook, "async_op=True"),
     ("ddp_grad_hook", forgetful_hook, "append (param, work)"),
     ("ddp_grad_hook", reduces_the_parameter, "not the parameter itself"),

@@ -5,7 +5,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_teach.exercises.nb04_data_and_sync import accumulate, global_stats
+from ddp_teach.ddp import accumulate
+from ddp_teach.exercises import reference_solution
+
+global_stats = reference_solution("syncbn_stats")
 
 
 def stub(*args):

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_teach.exercises.nb06_sharding import gathered_forward, zero1_step
+from ddp_teach.zero import gathered_forward, zero1_step
 
 
 def stub(*args):

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_teach.checkpoint import save_checkpoint
-from ddp_teach.exercises.nb07_launching_at_scale import _judge, torchrun_main, train
+from ddp_teach.exercises.nb07_launching_at_scale import judge
+from ddp_teach.scripts import torchrun_main, train
 
 
 def stub_main():
@@ -72,12 +73,12 @@ RECORDED_MISTAKES = [  # (what the harness saw, the hint it must give)
 
 @pytest.mark.parametrize("records, hint", RECORDED_MISTAKES)
 def test_each_recorded_mistake_gets_the_hint_that_fits(records, hint):
-    found = _judge(records, EXPECTED)
+    found = judge(records, EXPECTED)
     assert found.status == "wrong" and hint in found.message, found.message
 
 
 def test_a_correct_record_is_correct():
-    assert _judge([record(0), record(1)], EXPECTED).status == "correct"
+    assert judge([record(0), record(1)], EXPECTED).status == "correct"
 
 
 def stub_save(model, optimizer, epoch, path):
