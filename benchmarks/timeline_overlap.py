@@ -3,7 +3,7 @@
 The course's central claim (Li et al., VLDB'20) is that DDP overlaps the
 all-reduce of gradient buckets with the rest of the backward pass, while a
 naive loop that all-reduces after backward cannot. This benchmark traces both
-on the MLP of shared/reference/numbers.md (8 x Linear(1024, 1024) + ReLU,
+on the course's reference MLP, ddp_teach.models (8 x Linear(1024, 1024) + ReLU,
 batch 256) at world size 2, reports each rank's overlap (the HTA metric) and
 step time, and draws the two timelines on one axis. It also measures what
 tracing costs: the same DDP step traced and untraced, interleaved.

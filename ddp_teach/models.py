@@ -1,6 +1,6 @@
-"""The course's reference model: the MLP whose step times the reference
-sheet (shared/reference/numbers.md) records on a 2-core CPU, so that
-benchmarks and notebooks measure the same thing."""
+"""The course's reference model: the MLP whose step times the benchmarks
+record on a 2-core CPU, so that benchmarks and notebooks measure the same
+thing."""
 import torch
 
 REFERENCE_WIDTH, REFERENCE_DEPTH, REFERENCE_BATCH = 1024, 8, 256

@@ -1,7 +1,7 @@
 """The errors a run raises, written so a learner can find the culprit.
 
 Prior launchers say "process 0 terminated with exit code 1" and lose the real
-traceback (see shared/reference/launcher-prior-art.md). Here a failure names
+traceback. Here a failure names
 the rank, the exception and shows the remote traceback; a hang shows where
 every live rank was stuck, and which ranks were waiting inside a collective.
 """

@@ -3,7 +3,7 @@
 The worker side follows torchrun's contract (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT; a default process group), so the same function also
 runs under `torchrun`. The kernel side is what a notebook needs and
-`torch.multiprocessing.spawn` lacks (shared/reference/launcher-prior-art.md):
+`torch.multiprocessing.spawn` lacks:
 functions from cells, return values, live per-rank output, clear errors, hang
 diagnosis, nothing left running, and warm starts through a fork server.
 

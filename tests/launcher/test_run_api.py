@@ -1,4 +1,4 @@
-"""The `dt.run` contract of design.md: what a learner's function may be, what
+"""The `dt.run` contract: what a learner's function may be, what
 comes back, and what the workers see."""
 import math
 import os
