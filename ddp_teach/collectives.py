@@ -28,7 +28,7 @@ Algorithms for Clusters of Workstations", JPDC 69(2), 2009 (the ring).
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_allreduce", "ring_reduce_scatter", "ring_all_gather",
+__all__ = ["ring_allreduce", "ring_reduce_scatter", "ring_all_gather", "fixed_collective_order",
            "naive_allreduce", "tree_allreduce"]
 
 
@@ -147,6 +147,24 @@ def tree_allreduce(tensor: torch.Tensor) -> torch.Tensor:
             dist.send(flat, dst=child)
 
     return _in_place(tensor, reduce_then_broadcast)
+
+
+def fixed_collective_order(rank: int, world_size: int):
+    """Notebook 00's planted hang, fixed: every rank calls all_reduce, then
+    broadcast, in the same order; returns (a, b): the sum of rank + 1 over the
+    ranks, and rank 0's b (100).
+
+    Why: a collective matches the calls of every rank in the order they are
+    made; rank 0 in all_reduce while rank 1 is in broadcast waits forever
+    (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL checks exactly this order,
+    torch/csrc/distributed/c10d/ProcessGroupWrapper.cpp). Run with `dt.run`,
+    which creates the default group.
+    """
+    a = torch.tensor([float(rank + 1)])
+    b = torch.tensor([float(rank + 100)])
+    dist.all_reduce(a)
+    dist.broadcast(b, src=0)
+    return a.item(), b.item()
 
 
 def _reduce_scatter_chunks(chunks, owned: int) -> None:

@@ -62,6 +62,43 @@ def bucket_indices(sizes_bytes, cap_bytes, first_cap_bytes=FIRST_BUCKET_CAP_MB *
     return buckets
 
 
+def make_allreduce_hook(pending: list):
+    """The simplest Reducer (notebook 03's exercise): a hook for
+    `param.register_post_accumulate_grad_hook` that starts an async SUM of
+    the parameter's fresh .grad and appends (param, work) to `pending`.
+
+    Why async: the all-reduce of one gradient then travels while backward
+    computes the next ones: the overlap of computation and communication of
+    Li et al., "PyTorch Distributed", VLDB 2020.
+    One collective per parameter is what buckets improve on (the class
+    below); waiting and averaging are the finishing step's job.
+    """
+    def hook(param):
+        pending.append((param, dist.all_reduce(param.grad, async_op=True)))
+    return hook
+
+
+def finish_buckets(buckets: list, world_size: int) -> None:
+    """The finishing step for buckets that hold a COPY of the gradients
+    (notebook 03's exercise): for each bucket (a dict with "buffer", "work"
+    and "params"), wait for its all-reduce, divide by the world size, and
+    copy each parameter's slice back into its .grad, in the bucket's order.
+
+    `DistributedDataParallel` below only waits and divides
+    (`_wait_and_average`): its .grads are views into the buffer, so there is
+    nothing to copy back, as in torch's reducer (torch/csrc/distributed/c10d/
+    reducer.cpp, `gradient_as_bucket_view`).
+    """
+    for bucket in buckets:
+        bucket["work"].wait()
+        bucket["buffer"].div_(world_size)
+        offset = 0
+        for param in bucket["params"]:
+            size = param.numel()
+            param.grad.copy_(bucket["buffer"][offset:offset + size].view_as(param))
+            offset += size
+
+
 class Bucket:
     """A flat buffer holding some parameters' gradients back to back."""
 
@@ -236,3 +273,17 @@ class DistributedDataParallel(torch.nn.Module):
         for param, count in zip(params, used.tolist()):
             if count == 0:
                 param.grad = None
+
+
+def accumulate(model, micro_batches) -> None:
+    """Gradient accumulation with `no_sync` (notebook 04's exercise): one
+    backward per micro-batch, each loss divided by their number, and every
+    backward but the last inside `model.no_sync()`, so that the gradients
+    are all-reduced once, by the last backward, as the mean over the whole
+    batch. Works with this module's DDP and with torch's (no_sync in
+    torch/nn/parallel/distributed.py).
+    """
+    for i, x in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with contextlib.nullcontext() if last else model.no_sync():
+            (model(x).square().mean() / len(micro_batches)).backward()

@@ -29,7 +29,8 @@ import traceback
 import torch
 from torch import nn
 
-__all__ = ["scatter", "replicate", "parallel_apply", "gather", "DataParallel"]
+__all__ = ["scatter", "replicate", "parallel_apply", "gather",
+           "data_parallel_forward", "DataParallel"]
 
 
 def _device(device) -> torch.device:
@@ -218,6 +219,26 @@ def gather(outputs, target, dim=0):
     return list(outputs)
 
 
+def data_parallel_forward(module: nn.Module, inputs, devices, output_device=None,
+                          dim=0):
+    """DataParallel's forward from the four primitives: scatter `inputs`,
+    replicate `module` onto as many devices as there are pieces (a batch
+    smaller than the device count gives fewer), apply each replica to its
+    piece in its own thread, gather the outputs on `output_device` (default
+    `devices[0]`). A tuple of inputs gives each replica a tuple of arguments.
+
+    The module is replicated on EVERY call: the cost that makes DataParallel
+    slower than DDP, whose replicas live as long as the processes (torch's
+    data_parallel.py does the same four steps in `DataParallel.forward`).
+    """
+    pieces = scatter(inputs, devices, dim)
+    used = devices[:len(pieces)]
+    replicas = replicate(module, used)  # on EVERY forward: the cost
+    outputs = parallel_apply(replicas, pieces, used)
+    return gather(outputs, devices[0] if output_device is None else output_device,
+                  dim)
+
+
 class DataParallel(nn.Module):
     """`nn.DataParallel` made of `scatter`, `replicate`, `parallel_apply`, `gather`.
 
@@ -246,10 +267,5 @@ class DataParallel(nn.Module):
     def forward(self, *inputs):
         if len(self.devices) == 1 or not inputs:
             return self.module(*inputs)
-        pieces = scatter(inputs, self.devices, self.dim)
-        if not pieces:  # no tensor to split (e.g. no inputs): one plain call
-            return self.module(*inputs)
-        devices = self.devices[:len(pieces)]
-        replicas = replicate(self.module, devices)  # on EVERY forward: the cost
-        outputs = parallel_apply(replicas, pieces, devices)
-        return gather(outputs, self.output_device, self.dim)
+        return data_parallel_forward(self.module, inputs, self.devices,
+                                     self.output_device, self.dim)

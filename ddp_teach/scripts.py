@@ -23,15 +23,20 @@ import ast
 import dis
 import inspect
 import linecache
+import os
 import sys
 import textwrap
 import types
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from torch import nn
+
 from ddp_teach.launcher.torchrun import TorchrunResult, free_port, run_commands, torchrun
 
 __all__ = ["export", "source", "torchrun", "run_commands", "TorchrunResult",
-           "free_port"]
+           "free_port", "train", "torchrun_main"]
 
 ENTRY_POINT = '''
 
@@ -71,6 +76,39 @@ SETUP_CALL = '''\
     finally:
         _dist.destroy_process_group()'''
 PLAIN_CALL = "    result = {name}(*ARGS, **KWARGS)"
+
+
+def train(rank: int, world_size: int, steps: int = 3) -> list:
+    """Notebook 07's training job: torch's DDP on a tiny model, each rank
+    with its own batches (seeded by its rank); the final parameters. The
+    same seeds give the same result under `dt.run` and under torchrun, which
+    is how the notebook shows that a launcher changes nothing else."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(8, 4, generator=g)).square().mean().backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def torchrun_main() -> list:
+    """The body of a script that torchrun starts (notebook 07's exercise):
+    who this process is comes from the environment torchrun sets, RANK and
+    WORLD_SIZE (LOCAL_RANK only picks the GPU: on two nodes of one process
+    each it is 0 on both); `init_process_group` with no address reads
+    MASTER_ADDR and MASTER_PORT ("env://"); the group is destroyed before
+    returning. See torch/distributed/run.py for what torchrun sets.
+    """
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT
+    params = train(rank, world_size)
+    dist.destroy_process_group()
+    return params
 
 
 def source(fn) -> str:

@@ -56,6 +56,41 @@ def _trainable_tensors(params) -> list:
     return params
 
 
+def zero1_step(flat_params, flat_grads, shard, optimizer) -> None:
+    """ZeRO-1's step in one function (notebook 06's exercise): put this rank's
+    chunk [r*S, (r+1)*S) of the averaged `flat_grads` in `shard.grad`, step
+    `optimizer` (which holds state for the shard only: the 1/N of ZeRO-1),
+    then all-gather every rank's updated shard into `flat_params`.
+    `ShardedOptimizer` below is the same step for a real model, whose
+    gradients it slices without building the flat vector (Rajbhandari et
+    al. 2020, P_os).
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    size = flat_params.numel() // world_size
+    shard.grad = flat_grads[rank * size:(rank + 1) * size].clone()
+    optimizer.step()
+    with torch.no_grad():
+        dist.all_gather_single(flat_params, shard.detach())
+
+
+def gathered_forward(module: nn.Module, shard, x):
+    """ZeRO-3 around one unit's forward (notebook 06's exercise): all-gather
+    the unit's flat parameters from every rank's `shard`, cut them into the
+    module's parameters (the padding at the end goes), run the module with
+    them (`torch.func.functional_call`, so `module` may be on the meta
+    device) and keep nothing but the output: the full parameters are freed
+    on return. `FullyShardedDataParallel` (fsdp.py) does this per unit, and
+    again in backward.
+    """
+    full = shard.new_empty(shard.numel() * dist.get_world_size())
+    dist.all_gather_single(full, shard)  # every rank's shard, in rank order
+    names = [name for name, _ in module.named_parameters()]
+    views = unflatten(full, [p.shape for p in module.parameters()])
+    output = torch.func.functional_call(module, dict(zip(names, views)), (x,))
+    del full, views  # only the shard stays
+    return output
+
+
 class ShardedOptimizer:
     """ZeRO-1: `optimizer_cls` runs on this rank's 1/N of the parameters.
 
@@ -246,4 +281,4 @@ def paper_comm_volume(events, world_size: int) -> float:
 
 __all__ = ["ShardedOptimizer", "Zero2DataParallel", "FullyShardedDataParallel",
            "shard_size", "flat_slice", "unflatten", "model_state_bytes",
-           "paper_comm_volume"]
+           "paper_comm_volume", "zero1_step", "gathered_forward"]

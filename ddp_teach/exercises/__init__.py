@@ -11,7 +11,8 @@ exercises still runs top to bottom; it returns True only when correct.
 Each notebook's checkers live in a module named after it (nb03_ddp.py for
 03_ddp.ipynb); `registry` says what an exercise is, `harness` runs learner
 code on ranks; this module holds the calls a notebook uses: `check`, `hint`,
-`solution`.
+`solution`, and `reference_solution` (the reference a solved notebook uses).
+The references themselves live in the course modules (ddp_teach/*.py).
 """
 import importlib
 import inspect
@@ -29,6 +30,12 @@ def _load_checkers() -> None:
     for module in pkgutil.iter_modules(__path__):
         if module.name.startswith("nb"):
             importlib.import_module(f"{__name__}.{module.name}")
+
+
+def exercise_names() -> list[str]:
+    """Every registered exercise's name, sorted (every checker loaded)."""
+    _load_checkers()
+    return sorted(REGISTRY)
 
 
 def _exercise(name: str) -> Exercise:
@@ -61,14 +68,30 @@ def hint(name: str) -> None:
         print(f"Hint {number}: {text}")
 
 
+def reference_solution(name: str):
+    """The course's reference for exercise `name`, callable as the learner's
+    function is (adapted when the course function's signature differs)."""
+    return _exercise(name).reference_solution()
+
+
 def solution(name: str) -> None:
-    """Print the reference solution's source (try the exercise first!)."""
-    print(inspect.getsource(_exercise(name).reference_function()))
+    """Print the reference solution's source (try the exercise first!); for
+    an adapted reference, also how it is called with the exercise's signature."""
+    exercise = _exercise(name)
+    print(inspect.getsource(exercise.reference_function()))
+    if exercise.adapt is not None:
+        print(f"# The exercise's {exercise.stub_name} is "
+              f"{exercise.reference.split(':')[1]} called like this "
+              f"({exercise.adapt.__name__}):\n")
+        print(inspect.getsource(exercise.adapt))
 
 
 def solution_cell(name: str) -> str:
     """A cell that defines the learner's function as the reference: what a
     solved notebook runs in place of the exercise cell (used by the tests)."""
     exercise = _exercise(name)
+    if exercise.adapt is not None:
+        return (f"from ddp_teach.exercises import reference_solution\n"
+                f"{exercise.stub_name} = reference_solution({name!r})")
     module, function = exercise.reference.split(":")
     return f"from {module} import {function} as {exercise.stub_name}"

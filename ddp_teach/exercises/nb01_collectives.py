@@ -1,4 +1,5 @@
-"""The checkers behind `dt.exercises`, one per exercise, with their hints.
+"""Checkers for notebook 01's exercises: collectives from point-to-point
+messages, and the alpha-beta model fitted to their times.
 
 Each checker runs the learner's function where it would really run (on worker
 processes, for the collectives) over inputs chosen to expose typical
@@ -11,19 +12,17 @@ order, a deadlock), so that the hint names the mistake actually made.
 import numpy as np
 import torch
 
-from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
-                                         Verdict, register)
+from ddp_teach.exercises.harness import (DEADLOCK_HINT, attempt, describe_deadlock,
+                                        run_learner_code)
+from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE, WRONG,
+                                         Exercise, Verdict, register)
 
 WORLD_SIZES = (1, 2, 3, 4)
 CASES = [(n, d) for n in (0, 1, 2, 5, 1000)
          for d in ("float32", "float64", "int64")]
 CHECK_TIMEOUT_S = 5.0
-DEADLOCK_HINT = ("a blocking dist.send() waits until the receiver takes the "
-                 "data, so when every rank sends first, every rank waits. Post "
-                 "dist.isend() and dist.irecv() together, then wait() on both "
-                 "(or let even ranks send first and odd ranks receive first).")
-
-
+ALONE_HINT = ("with one rank there is nobody to send to; return early when "
+              "world_size == 1.")
 def make_input(rank: int, numel: int, dtype: str) -> torch.Tensor:
     """Small integers that differ per rank, so float sums are exact."""
     values = (torch.arange(numel) % 7 + 1) * (rank + 1) + rank
@@ -51,47 +50,24 @@ def _on_ranks(rank, world_size, fn, cases, in_place):
     produced = []
     for numel, dtype in cases:
         tensor = make_input(rank, numel, dtype)
-        try:
-            returned = fn(tensor)
-        except NotImplementedError:
+        returned = attempt(fn, tensor)
+        if returned is NOT_ATTEMPTED:
             return NOT_ATTEMPTED
         produced.append(tensor if in_place else returned)
     return produced
-
-
-def _hang_message(err, world_size: int) -> str:
-    where = ", ".join(f"rank {r} in {c or 'your code'}()"
-                      for r, c in sorted(err.in_collective.items()))
-    hint = (DEADLOCK_HINT if any(c in ("send", "recv") for c in
-                                 err.in_collective.values())
-            else "every rank must make the same calls in the same order.")
-    return (f"your function did not finish within {CHECK_TIMEOUT_S:g} s on "
-            f"{world_size} ranks: a deadlock. Where each rank waited: {where}."
-            f"\nHint: {hint}")
 
 
 def check_on_ranks(fn, in_place: bool, expected, diagnose) -> Verdict:
     """Run fn on every world size and case; the first wrong result wins.
     expected(inputs) is the right answer, diagnose(got, inputs, rank) None
     when `got` is right, else a hint for the mistake it looks like."""
-    from ddp_teach.launcher.errors import WorkerError, WorkerTimeout
-    from ddp_teach.launcher.launch import run
     for world_size in WORLD_SIZES:
-        try:
-            results = run(_on_ranks, world_size, args=(fn, CASES, in_place),
-                          timeout=CHECK_TIMEOUT_S)
-        except WorkerTimeout as err:
-            return Verdict(WRONG, _hang_message(err, world_size))
-        except WorkerError as err:
-            alone = ("\nHint: with one rank there is nobody to send to; "
-                     "return early when world_size == 1." if world_size == 1
-                     else "")
-            return Verdict(WRONG, f"your function raised an error on "
-                                  f"{world_size} ranks:\n{err}{alone}")
-        if NOT_ATTEMPTED in results:
-            return Verdict(NOT_ATTEMPTED, "the function still raises "
-                           "NotImplementedError: fill it in, then run this "
-                           "cell again.")
+        results, problem = run_learner_code(
+            _on_ranks, world_size, fn, timeout=CHECK_TIMEOUT_S,
+            args=(CASES, in_place), on_hang=describe_deadlock,
+            alone_hint=ALONE_HINT)
+        if problem:
+            return problem
         # largest tensors first: on a tiny tensor different mistakes look alike
         for index, (numel, dtype) in sorted(enumerate(CASES),
                                             key=lambda case: -case[1][0]):
@@ -157,17 +133,13 @@ def diagnose_all_gather(got, inputs, rank) -> str | None:
             "started on rank (r - s - 1) mod p from its left neighbour.")
 
 
-def fit_ring_alpha_beta(sizes, times, p):
-    """Least squares for the ring model t = 2(p-1) alpha + 2(p-1)/p n beta,
-    weighted by 1/t so small messages (which fix alpha) count as much as
-    large ones (which fix beta)."""
-    sizes, times = np.asarray(sizes, float), np.asarray(times, float)
-    design = np.column_stack([np.full_like(sizes, 2 * (p - 1)),
-                              2 * (p - 1) / p * sizes])
-    weight = 1 / times
-    (alpha, beta), *_ = np.linalg.lstsq(design * weight[:, None], times * weight,
-                                        rcond=None)
-    return float(alpha), float(beta)
+def link_as_pair(fit_alpha_beta):
+    """`ddp_teach.cost.fit_alpha_beta` returns a Link; the exercise returns
+    (alpha, beta)."""
+    def fit_pair(sizes, times, p):
+        link = fit_alpha_beta(sizes, times, p, "all_reduce")
+        return link.alpha, link.beta
+    return fit_pair
 
 
 def check_fit(fn) -> Verdict:
@@ -177,9 +149,7 @@ def check_fit(fn) -> Verdict:
         try:
             got = fn(list(sizes), list(times), p)
         except NotImplementedError:
-            return Verdict(NOT_ATTEMPTED, "the function still raises "
-                           "NotImplementedError: fill it in, then run this "
-                           "cell again.")
+            return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
         got_alpha, got_beta = (got.alpha, got.beta) if hasattr(got, "alpha") else got
         close = lambda x, y: abs(x - y) <= 0.01 * abs(y)  # noqa: E731
         if close(got_alpha, alpha) and close(got_beta, beta):
@@ -195,44 +165,6 @@ def check_fit(fn) -> Verdict:
         return Verdict(WRONG, given + "\nHint: solve the least-squares problem "
                        "with columns 2(p-1) and 2(p-1)/p n (np.linalg.lstsq).")
     return Verdict(CORRECT, "recovered alpha and beta within 1% for p = 2, 4, 8.")
-
-
-def fixed_collective_order(rank, world_size):
-    """Notebook 00's planted hang, fixed: every rank calls all_reduce, then
-    broadcast, in the same order."""
-    import torch.distributed as dist
-    a = torch.tensor([float(rank + 1)])
-    b = torch.tensor([float(rank + 100)])
-    dist.all_reduce(a)
-    dist.broadcast(b, src=0)
-    return a.item(), b.item()
-
-
-def check_fixed_order(fn) -> Verdict:
-    from ddp_teach.launcher.errors import WorkerError, WorkerTimeout
-    from ddp_teach.launcher.launch import run
-    for world_size in (2, 3):
-        try:
-            results = run(fn, world_size, timeout=CHECK_TIMEOUT_S)
-        except WorkerTimeout as err:
-            return Verdict(WRONG, _hang_message(err, world_size))
-        except WorkerError as err:
-            if "NotImplementedError" in str(err):
-                return Verdict(NOT_ATTEMPTED, "the function still raises "
-                               "NotImplementedError: fix the order, then "
-                               "delete that line.")
-            return Verdict(WRONG, f"it raised an error on {world_size} ranks:\n{err}")
-        total = world_size * (world_size + 1) / 2
-        for rank, (a, b) in enumerate(results):
-            if a != total:
-                return Verdict(WRONG, f"on {world_size} ranks rank {rank} has "
-                               f"a = {a:g}, expected {total:g}: keep the "
-                               "all_reduce, so that a is the sum on every rank.")
-            if b != 100.0:
-                return Verdict(WRONG, f"on {world_size} ranks rank {rank} has "
-                               f"b = {b:g}, expected 100: keep the broadcast "
-                               "from rank 0, so that every rank has rank 0's b.")
-    return Verdict(CORRECT, "finished on 2 and 3 ranks with the right values.")
 
 
 register(Exercise(
@@ -257,16 +189,9 @@ register(Exercise(
      DEADLOCK_HINT]))
 register(Exercise(
     "fit_alpha_beta", "Fit alpha and beta to ring all-reduce times",
-    "my_fit_alpha_beta", "ddp_teach.exercises.nb01_collectives:fit_ring_alpha_beta",
-    check_fit,
+    "my_fit_alpha_beta", "ddp_teach.cost:fit_alpha_beta", check_fit,
     ["The ring all-reduce time is linear in alpha and beta: "
      "t = 2(p-1) * alpha + 2(p-1)/p * n * beta.",
      "Build a matrix with one row per measurement, columns 2(p-1) and "
-     "2(p-1)/p * n, and solve it with np.linalg.lstsq against the times."]))
-register(Exercise(
-    "fix_hang", "Fix the planted hang", "my_fixed_order",
-    "ddp_teach.exercises.nb01_collectives:fixed_collective_order", check_fixed_order,
-    ["Run the planted version with a short timeout and read which "
-     "collective each rank was waiting in.",
-     "Every rank must call the same collectives in the same order: pick one "
-     "order and use it on all ranks."]))
+     "2(p-1)/p * n, and solve it with np.linalg.lstsq against the times."],
+    adapt=link_as_pair))

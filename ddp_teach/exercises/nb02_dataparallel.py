@@ -239,16 +239,6 @@ def check_parallel_apply(fn) -> Verdict:
                    "raise it again in the caller after join().")
 
 
-def data_parallel_forward(module, inputs, devices):
-    """DataParallel's forward from the four primitives (the reference)."""
-    from ddp_teach import dp
-    pieces = dp.scatter(inputs, devices)
-    used = devices[:len(pieces)]
-    replicas = dp.replicate(module, used)
-    outputs = dp.parallel_apply(replicas, pieces, used)
-    return dp.gather(outputs, devices[0])
-
-
 def check_data_parallel(fn) -> Verdict:
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(),
@@ -280,27 +270,30 @@ def check_data_parallel(fn) -> Verdict:
                             f"{DEVICE_COUNTS} devices, batch 10 (uneven pieces).")
 
 
-for name, title, stub, reference, checker, hints in (
-    ("dp_scatter", "scatter", "my_scatter", "ddp_teach.dp:scatter",
-     check_scatter, ["Split with tensor.chunk(len(devices), dim=0).",
-                     "Recurse into tuples, lists and dicts; pass other "
-                     "objects to every device unchanged."]),
-    ("dp_gather", "gather", "my_gather", "ddp_teach.dp:gather", check_gather,
-     ["torch.cat(pieces, dim=0) on the target device.",
-      "Recurse: gather element i of every device's tuple together."]),
-    ("dp_replicate", "replicate", "my_replicate", "ddp_teach.dp:replicate",
-     check_replicate, ["Copy the module object per device, but not its "
-                       "parameters with deepcopy: give it param.clone().",
-                       "Memoise the clones by id(param) so tied weights stay "
-                       "tied; clone buffers with detach().clone()."]),
-    ("dp_parallel_apply", "parallel_apply", "my_parallel_apply",
-     "ddp_teach.dp:parallel_apply", check_parallel_apply,
-     ["One threading.Thread per replica; each stores its output at its index.",
-      "Catch exceptions inside the thread and raise them again, naming the "
-      "replica, after join()."]),
-    ("data_parallel", "DataParallel from the four primitives",
-     "my_data_parallel", "ddp_teach.exercises.nb02_dataparallel:data_parallel_forward",
-     check_data_parallel, ["scatter the batch, replicate the module for as "
-                           "many pieces as you got, parallel_apply, gather."]),
-):
-    register(Exercise(name, title, stub, reference, checker, hints))
+register(Exercise(
+    "dp_scatter", "scatter", "my_scatter", "ddp_teach.dp:scatter", check_scatter,
+    ["Split with tensor.chunk(len(devices), dim=0).",
+     "Recurse into tuples, lists and dicts; pass other objects to every "
+     "device unchanged."]))
+register(Exercise(
+    "dp_gather", "gather", "my_gather", "ddp_teach.dp:gather", check_gather,
+    ["torch.cat(pieces, dim=0) on the target device.",
+     "Recurse: gather element i of every device's tuple together."]))
+register(Exercise(
+    "dp_replicate", "replicate", "my_replicate", "ddp_teach.dp:replicate",
+    check_replicate,
+    ["Copy the module object per device, but not its parameters with "
+     "deepcopy: give it param.clone().",
+     "Memoise the clones by id(param) so tied weights stay tied; clone "
+     "buffers with detach().clone()."]))
+register(Exercise(
+    "dp_parallel_apply", "parallel_apply", "my_parallel_apply",
+    "ddp_teach.dp:parallel_apply", check_parallel_apply,
+    ["One threading.Thread per replica; each stores its output at its index.",
+     "Catch exceptions inside the thread and raise them again, naming the "
+     "replica, after join()."]))
+register(Exercise(
+    "data_parallel", "DataParallel from the four primitives", "my_data_parallel",
+    "ddp_teach.dp:data_parallel_forward", check_data_parallel,
+    ["scatter the batch, replicate the module for as many pieces as you got, "
+     "parallel_apply, gather."]))

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_teach.ddp import MIB, bucket_indices
-from ddp_teach.exercises.harness import run_learner_code
+from ddp_teach.exercises.harness import attempt, run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
 
@@ -22,7 +22,7 @@ BUCKET_CASES = [([2, 2, 2, 2, 2, 2], 4, 2),  # exact fits: tells >= from >
                 ([5, 5, 5], None, 4), ([5, 5, 5], 0, 4), ([], 8, 4)]
 
 
-def _closing_strictly(sizes, cap, first_cap):
+def closing_strictly(sizes, cap, first_cap):
     """The off-by-one mistake: close a bucket only once it holds MORE than
     its cap."""
     buckets, current, filled = [], [], 0
@@ -61,7 +61,7 @@ def check_bucket_assignment(fn) -> Verdict:
             return Verdict(WRONG, shown + "the first bucket is capped at "
                            "min(cap, first_cap), so that the first all-reduce "
                            "starts early in backward.")
-        if got == _closing_strictly(sizes, cap, first_cap):
+        if got == closing_strictly(sizes, cap, first_cap):
             return Verdict(WRONG, shown + "close a bucket once it holds AT "
                            "LEAST its cap (>=), not more than it.")
         return Verdict(WRONG, shown + "walk the parameters backwards, add each "
@@ -91,18 +91,10 @@ def _expected_grads(world_size):
     return [t / world_size for t in total]
 
 
-def make_allreduce_hook(pending):
-    """The reference hook: start an async sum of this gradient, keep the work."""
-    def hook(param):
-        pending.append((param, dist.all_reduce(param.grad, async_op=True)))
-    return hook
-
-
 def _hook_on_ranks(rank, world_size, make_hook):
     model, pending = _model(), []
-    try:
-        hook = make_hook(pending)
-    except NotImplementedError:
+    hook = attempt(make_hook, pending)
+    if hook is NOT_ATTEMPTED:
         return NOT_ATTEMPTED
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(hook)
@@ -148,18 +140,6 @@ def check_grad_hook(fn) -> Verdict:
                            "(in place), once per parameter.")
     return Verdict(CORRECT, "async all-reduces started in backward, one per "
                             f"parameter, on {WORLD_SIZES} ranks.")
-
-
-def finish_buckets(buckets, world_size):
-    """The reference: wait, average, copy each slice back into its .grad."""
-    for bucket in buckets:
-        bucket["work"].wait()
-        bucket["buffer"].div_(world_size)
-        offset = 0
-        for param in bucket["params"]:
-            size = param.numel()
-            param.grad.copy_(bucket["buffer"][offset:offset + size].view_as(param))
-            offset += size
 
 
 class _Watched:
@@ -231,13 +211,13 @@ register(Exercise(
      "(the first bucket's cap is min(cap, first_cap))."]))
 register(Exercise(
     "ddp_grad_hook", "The gradient hook", "my_make_hook",
-    "ddp_teach.exercises.nb03_ddp:make_allreduce_hook", check_grad_hook,
+    "ddp_teach.ddp:make_allreduce_hook", check_grad_hook,
     ["Return an inner function hook(param) that closes over `pending`.",
      "Inside: work = dist.all_reduce(param.grad, async_op=True); "
      "pending.append((param, work))."]))
 register(Exercise(
     "ddp_finish", "Finishing the synchronisation", "my_finish",
-    "ddp_teach.exercises.nb03_ddp:finish_buckets", check_finish,
+    "ddp_teach.ddp:finish_buckets", check_finish,
     ["For each bucket: wait for its work, then divide its buffer.",
      "Copy slices back with a running offset: "
      "buffer[offset:offset + p.numel()].view_as(p)."]))

@@ -8,13 +8,10 @@ round-robin deal, no padding, the epoch ignored; local or unweighted
 statistics, the unbiased variance; every micro-batch all-reduced, none, or
 the loss not divided) so that the hint names it.
 """
-import contextlib
-
 import torch
-import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
-from ddp_teach.exercises.harness import run_learner_code
+from ddp_teach.exercises.harness import attempt, run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
 
@@ -69,29 +66,26 @@ def _sampler_hint(got, want, args) -> str:
             "takes indices[r::num_replicas], not a contiguous block.")
 
 
-def global_stats(x):
-    """Per-channel mean and biased variance over every rank's batch: one
-    all-reduce of [count, sum, sum of squares], as SyncBatchNorm needs."""
-    channels = x.shape[1]
-    totals = torch.cat([torch.tensor([float(x.shape[0])]), x.sum(0),
-                        (x * x).sum(0)])
-    dist.all_reduce(totals)
-    count, total, squares = totals[0], totals[1:1 + channels], totals[1 + channels:]
-    mean = total / count
-    return mean, squares / count - mean * mean
-
-
 def _local_batch(rank):
     """Rank r has 2 + r rows of 3 channels: uneven, and different per rank."""
     g = torch.Generator().manual_seed(rank)
     return torch.randn(2 + rank, 3, generator=g) * (rank + 1) + rank
 
 
+def mean_and_var(global_batch_stats):
+    """`ddp_teach.syncbn.global_batch_stats` returns (mean, var, count); the
+    exercise returns (mean, var)."""
+    def global_stats(x):
+        mean, var, _count = global_batch_stats(x)
+        return mean, var
+    return global_stats
+
+
 def _stats_on_ranks(rank, world_size, fn):
-    try:
-        mean, var = fn(_local_batch(rank))
-    except NotImplementedError:
+    stats = attempt(fn, _local_batch(rank))
+    if stats is NOT_ATTEMPTED:
         return NOT_ATTEMPTED
+    mean, var = stats
     return torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(
         var, dtype=torch.float32)
 
@@ -131,14 +125,6 @@ def check_syncbn_stats(fn) -> Verdict:
                             "uneven batches.")
 
 
-def accumulate(model, micro_batches):
-    """The reference: all-reduce once, after the last micro-batch."""
-    for i, x in enumerate(micro_batches):
-        last = i == len(micro_batches) - 1
-        with contextlib.nullcontext() if last else model.no_sync():
-            (model(x).square().mean() / len(micro_batches)).backward()
-
-
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(),
@@ -152,9 +138,7 @@ def _micro_batches(rank):
 
 def _accumulate_on_ranks(rank, world_size, fn):
     model = torch.nn.parallel.DistributedDataParallel(_model())
-    try:
-        fn(model, _micro_batches(rank))
-    except NotImplementedError:
+    if attempt(fn, model, _micro_batches(rank)) is NOT_ATTEMPTED:
         return NOT_ATTEMPTED
     return [p.grad.clone() if p.grad is not None else None
             for p in model.parameters()]
@@ -210,12 +194,13 @@ register(Exercise(
      "rank r takes indices[r::num_replicas]."]))
 register(Exercise(
     "syncbn_stats", "SyncBatchNorm's statistics", "my_global_stats",
-    "ddp_teach.exercises.nb04_data_and_sync:global_stats", check_syncbn_stats,
+    "ddp_teach.syncbn:global_batch_stats", check_syncbn_stats,
     ["All-reduce one tensor holding [count, sum per channel, sum of squares "
      "per channel].",
-     "mean = sum / count; var = sum_sq / count − mean²."]))
+     "mean = sum / count; var = sum_sq / count − mean²."],
+    adapt=mean_and_var))
 register(Exercise(
     "no_sync_accumulation", "Gradient accumulation with no_sync",
-    "my_accumulate", "ddp_teach.exercises.nb04_data_and_sync:accumulate", check_no_sync,
+    "my_accumulate", "ddp_teach.ddp:accumulate", check_no_sync,
     ["Loop over the micro-batches; divide each loss by their number.",
      "Every backward but the last goes inside `with model.no_sync():`."]))

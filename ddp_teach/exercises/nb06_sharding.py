@@ -33,16 +33,6 @@ OPTIMIZERS = {
 }
 
 
-def zero1_step(flat_params, flat_grads, shard, optimizer):
-    """ZeRO-1: update this rank's chunk, then all-gather every rank's."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    size = flat_params.numel() // world_size
-    shard.grad = flat_grads[rank * size:(rank + 1) * size].clone()
-    optimizer.step()  # the optimizer holds state for the shard only
-    with torch.no_grad():
-        dist.all_gather_single(flat_params, shard.detach())
-
-
 def _initial_params():
     return torch.linspace(-1.0, 1.0, LENGTH)
 
@@ -141,20 +131,6 @@ def check_zero1_step(fn) -> Verdict:
     return Verdict(CORRECT, "equal to the unsharded optimizer (AdamW and SGD "
                             "with momentum) on 2 and 3 ranks, with optimizer "
                             "state for one shard per rank.")
-
-
-def gathered_forward(module, shard, x):
-    """ZeRO-3 around one unit's forward: gather, unflatten, run, free."""
-    full = shard.new_empty(shard.numel() * dist.get_world_size())
-    dist.all_gather_single(full, shard)  # every rank's shard, in rank order
-    names = [name for name, _ in module.named_parameters()]
-    shapes = [p.shape for p in module.parameters()]
-    sizes = [p.numel() for p in module.parameters()]
-    pieces = full[:sum(sizes)].split(sizes)  # the padding at the end goes
-    params = {n: piece.view(s) for n, piece, s in zip(names, pieces, shapes)}
-    output = torch.func.functional_call(module, params, (x,))
-    del full, pieces, params  # only the shard stays
-    return output
 
 
 def _unit():
@@ -276,7 +252,7 @@ def check_gathered_forward(fn) -> Verdict:
 
 register(Exercise(
     "zero1_step", "Shard assignment and the ZeRO-1 step", "zero1_step",
-    "ddp_teach.exercises.nb06_sharding:zero1_step", check_zero1_step,
+    "ddp_teach.zero:zero1_step", check_zero1_step,
     ["Rank r owns elements [r*S, (r+1)*S) of the flat vector, "
      "S = len(flat_params) // world_size.",
      "Put that slice of flat_grads into shard.grad and call optimizer.step(): "
@@ -285,7 +261,7 @@ register(Exercise(
      "rank's updated shard into flat_params, in rank order."]))
 register(Exercise(
     "zero3_gather_forward", "The ZeRO-3 gather-and-free around forward",
-    "gathered_forward", "ddp_teach.exercises.nb06_sharding:gathered_forward",
+    "gathered_forward", "ddp_teach.zero:gathered_forward",
     check_gathered_forward,
     ["The shard is 1/N of the unit's flat parameters: gather all N first, "
      "into one tensor of N * len(shard) elements.",

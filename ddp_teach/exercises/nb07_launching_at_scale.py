@@ -11,7 +11,7 @@ gave `init_process_group`, the rank and size it gave `train`, whether it
 destroyed the group. It also keeps a wrong call from hanging the job:
 the group is always created from torchrun's values.
 
-`checkpoint_save`: the learner's save runs on 2 ranks with `dt.run`;
+`checkpoint_save`: the learner's save runs on 2 ranks (`run_learner_code`);
 `torch.save` is watched (who writes, to which file), and rank 0's does
 not write until rank 1 has returned (or 1.5 s have passed): a rank that
 does not wait at a barrier then finds no checkpoint, however the two
@@ -31,8 +31,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ddp_teach.exercises.harness import run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
+from ddp_teach.scripts import train
 
 PG_TIMEOUT_S = 20
 RUN_TIMEOUT_S = 60.0
@@ -45,36 +47,11 @@ WORLD_HINT = ("the world size is WORLD_SIZE, every process on every node; "
               "LOCAL_WORLD_SIZE counts one node's (1 here).")
 
 
-def train(rank, world_size, steps=3):
-    """The training job the exercise wraps: torch's DDP on a tiny model,
-    each rank with its own batches; the final parameters."""
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(rank)
-    for _ in range(steps):
-        opt.zero_grad()
-        model(torch.randn(8, 4, generator=g)).square().mean().backward()
-        opt.step()
-    return [p.detach().clone() for p in model.parameters()]
-
-
-_TRAIN = train  # the harness swaps the name `train`; this stays the reference
-
-
-def torchrun_main():
-    """The reference: the body of a script that torchrun starts."""
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT
-    params = train(rank, world_size)
-    dist.destroy_process_group()
-    return params
-
-
 def harness(main, out_dir) -> None:
-    """In a torchrun worker: run `main()`, save what it did to out_dir."""
+    """In a torchrun worker: run `main()`, save what it did to out_dir.
+    (Checking plumbing: it swaps the script's own `train` and
+    `init_process_group` for recording ones; `ddp_teach.scripts.train`, used
+    here, stays the real job.)"""
     names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
     record = {"env": {n: os.environ[n] for n in names}, "init": None,
               "train": [], "error": None, "result": None}
@@ -91,7 +68,7 @@ def harness(main, out_dir) -> None:
         if not dist.is_initialized():
             raise RuntimeError("train() was called before "
                                "init_process_group()")
-        return _TRAIN(rank, world_size)
+        return train(rank, world_size)
 
     dist.init_process_group = init_process_group
     for name, value in list(main.__globals__.items()):
@@ -157,10 +134,10 @@ def check_torchrun_script(fn) -> Verdict:
         why = "did not finish" if job.timed_out else "ended without a result"
         return Verdict(WRONG, f"under torchrun (2 nodes x 1 process) the job "
                               f"{why}. Its last lines:\n{tail}")
-    return _judge(job.values, run(train, 2, backend="gloo", timeout=30))
+    return judge(job.values, run(train, 2, backend="gloo", timeout=30))
 
 
-def _judge(records, expected) -> Verdict:
+def judge(records, expected) -> Verdict:
     """The first mistake found, looking at every process for each kind in
     turn (a wrong rank on one process also spoils the others' results)."""
     if any(r["error"] == NOT_ATTEMPTED for r in records):
@@ -265,20 +242,15 @@ def _save_on_ranks(rank, world_size, fn, path):
 
 
 def check_checkpoint_save(fn) -> Verdict:
-    from ddp_teach.launcher.errors import WorkerError
-    from ddp_teach.launcher.launch import run
-    if _is_stub(fn):
-        return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
     work = tempfile.mkdtemp(prefix="checkpoint-check-")
     try:
-        results = run(_save_on_ranks, 2, backend="gloo", timeout=15,
-                      args=(fn, os.path.join(work, "ckpt.pt")))
-    except WorkerError as err:
-        return Verdict(WRONG, f"on 2 ranks:\n{err}")
+        results, problem = run_learner_code(
+            _save_on_ranks, 2, fn, timeout=15,
+            args=(os.path.join(work, "ckpt.pt"),))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if NOT_ATTEMPTED in results:
-        return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
+    if problem:
+        return problem
     zero, one = results
     if one["writes"]:
         return Verdict(WRONG, "rank 1 wrote too.\nHint: every rank holds the "
@@ -323,7 +295,7 @@ def _equal(a, b) -> bool:
 
 register(Exercise(
     "torchrun_script", "A script that torchrun runs", "my_main",
-    "ddp_teach.exercises.nb07_launching_at_scale:torchrun_main", check_torchrun_script,
+    "ddp_teach.scripts:torchrun_main", check_torchrun_script,
     ["torchrun starts the processes and tells each who it is in its "
      "environment: RANK, WORLD_SIZE (and LOCAL_RANK, for the GPU).",
      "dist.init_process_group(\"gloo\") with no address or rank reads "

@@ -4,9 +4,11 @@ Each checker module (nbNN_*.py, named after its notebook) registers its
 exercises here when it is imported.
 """
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 NOT_ATTEMPTED, WRONG, CORRECT = "not attempted", "wrong", "correct"
+# the one "not attempted" message: every checker says this to a stub
 TODO_MESSAGE = ("the function still raises NotImplementedError: fill it in, "
                 "then run this cell again.")
 
@@ -21,18 +23,31 @@ class Verdict:
 @dataclass
 class Exercise:
     """One exercise: what the learner's cell defines, how it is checked, and
-    the reference solution (`module:function`) that a skipped cell falls back
-    on and that `solution()` shows."""
+    the reference solution (`module:function`, in a course module) that a
+    skipped cell falls back on and that `solution()` shows.
+
+    `adapt`, when the exercise's signature is not the course function's
+    (`fit_alpha_beta` returns a Link, the exercise (alpha, beta)): a function
+    that turns the course function into one with the learner's signature,
+    so that the reference is written once, in the course."""
     name: str
     title: str
     stub_name: str
     reference: str
-    checker: object  # callable(fn) -> Verdict
+    checker: Callable  # checker(fn) -> Verdict
     hints: list[str] = field(default_factory=list)
+    adapt: Callable | None = None
 
-    def reference_function(self):
+    def reference_function(self) -> Callable:
+        """The course function named by `reference`, as it is."""
         module, function = self.reference.split(":")
         return getattr(importlib.import_module(module), function)
+
+    def reference_solution(self) -> Callable:
+        """The reference with the learner's signature (adapted if need be):
+        what `check` must call correct."""
+        function = self.reference_function()
+        return function if self.adapt is None else self.adapt(function)
 
 
 REGISTRY: dict[str, Exercise] = {}

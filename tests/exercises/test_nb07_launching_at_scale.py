@@ -1,21 +1,16 @@
-"""Notebook 07's checkers: each passes the reference, says "not attempted"
-to a stub, and catches planted mistakes with the hint that fits. The
-torchrun checker really runs torchrun for the reference and for the
-mistake it exists for (LOCAL_RANK taken for the rank); its other verdicts
-are checked on recorded runs, which is what the harness produces."""
+"""Notebook 07's planted mistakes (PLANTED, run by test_registry.py, which
+also checks every reference and stub). The torchrun checker really runs
+torchrun for the reference and for the mistake it exists for (LOCAL_RANK
+taken for the rank); its other verdicts are checked here on recorded runs,
+which is what the checker's harness produces."""
 import os
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_teach.checkpoint import save_checkpoint
-from ddp_teach.exercises.nb07_launching_at_scale import _judge, torchrun_main, train
-
-
-def stub_main():
-    """A stub, as in the notebook."""
-    raise NotImplementedError("your turn")
+from ddp_teach.exercises.nb07_launching_at_scale import judge
+from ddp_teach.scripts import train
 
 
 def local_rank_main():
@@ -25,19 +20,6 @@ def local_rank_main():
     params = train(rank, world_size)
     dist.destroy_process_group()
     return params
-
-
-def test_torchrun_reference_passes_and_stub_is_not_attempted(verdict):
-    passed, seen = verdict("torchrun_script", stub_main)
-    assert not passed and "not attempted" in seen, seen
-    passed, seen = verdict("torchrun_script", torchrun_main)
-    assert passed and "✅" in seen, seen
-
-
-def test_local_rank_for_rank_is_caught_on_two_nodes(verdict):
-    passed, seen = verdict("torchrun_script", local_rank_main)
-    assert not passed and "RANK=1, LOCAL_RANK=0" in seen, seen
-    assert "my_main used rank 0" in seen and "LOCAL_RANK counts" in seen
 
 
 def record(rank, **changes):
@@ -72,16 +54,12 @@ RECORDED_MISTAKES = [  # (what the harness saw, the hint it must give)
 
 @pytest.mark.parametrize("records, hint", RECORDED_MISTAKES)
 def test_each_recorded_mistake_gets_the_hint_that_fits(records, hint):
-    found = _judge(records, EXPECTED)
+    found = judge(records, EXPECTED)
     assert found.status == "wrong" and hint in found.message, found.message
 
 
 def test_a_correct_record_is_correct():
-    assert _judge([record(0), record(1)], EXPECTED).status == "correct"
-
-
-def stub_save(model, optimizer, epoch, path):
-    raise NotImplementedError("your turn")
+    assert judge([record(0), record(1)], EXPECTED).status == "correct"
 
 
 def state(model, optimizer, epoch):
@@ -115,20 +93,11 @@ def model_only(model, optimizer, epoch, path):
     dist.barrier()
 
 
-def test_checkpoint_reference_passes_and_stub_is_not_attempted(verdict):
-    passed, seen = verdict("checkpoint_save", save_checkpoint)
-    assert passed and "✅" in seen, seen
-    passed, seen = verdict("checkpoint_save", stub_save)
-    assert not passed and "not attempted" in seen, seen
-
-
-@pytest.mark.parametrize("planted, hint", [
-    (every_rank_writes, "only rank 0 writes"),
-    (no_barrier, "dist.barrier() after rank 0's save"),
-    (straight_into_place, "os.replace(tmp, path)"),
-    (model_only, "the optimizer's momentum is state too"),
-])
-def test_each_planted_checkpoint_mistake_gets_its_hint(planted, hint,
-                                                       verdict):
-    passed, seen = verdict("checkpoint_save", planted)
-    assert not passed and hint in seen, seen
+PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
+    ("torchrun_script", local_rank_main,
+     ("RANK=1, LOCAL_RANK=0", "my_main used rank 0", "LOCAL_RANK counts")),
+    ("checkpoint_save", every_rank_writes, "only rank 0 writes"),
+    ("checkpoint_save", no_barrier, "dist.barrier() after rank 0's save"),
+    ("checkpoint_save", straight_into_place, "os.replace(tmp, path)"),
+    ("checkpoint_save", model_only, "the optimizer's momentum is state too"),
+]
