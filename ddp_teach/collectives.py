@@ -28,8 +28,8 @@ Algorithms for Clusters of Workstations", JPDC 69(2), 2009 (the ring).
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_allreduce", "ring_reduce_scatter", "ring_all_gather", "fixed_collective_order",
-           "naive_allreduce", "tree_allreduce"]
+__all__ = ["ring_allreduce", "ring_reduce_scatter", "ring_all_gather",
+           "naive_allreduce", "tree_allreduce", "fixed_collective_order"]
 
 
 def ring_allreduce(tensor: torch.Tensor, group=None) -> torch.Tensor:

@@ -79,6 +79,7 @@ PUBLIC_NAMES = [
     ("widgets.allreduce_explorer", "function"), ("widgets.zero_calculator", "function"),
     ("exercises.check", "function"), ("exercises.hint", "function"),
     ("exercises.solution", "function"),
+    ("exercises.reference_solution", "function"),
 ]
 KINDS = {"function": callable, "class": lambda obj: isinstance(obj, type),
          "module": lambda obj: isinstance(obj, types.ModuleType),

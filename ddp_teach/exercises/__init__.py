@@ -38,7 +38,9 @@ def exercise_names() -> list[str]:
     return sorted(REGISTRY)
 
 
-def _exercise(name: str) -> Exercise:
+def exercise_named(name: str) -> Exercise:
+    """The registered exercise called `name` (every checker loaded), or a
+    KeyError that lists the names there are."""
     _load_checkers()
     if name not in REGISTRY:
         raise KeyError(f"no exercise named {name!r}; the exercises are: "
@@ -48,7 +50,7 @@ def _exercise(name: str) -> Exercise:
 
 def check(name: str, fn) -> bool:
     """Check the learner's `fn` for exercise `name`; print the verdict."""
-    exercise = _exercise(name)
+    exercise = exercise_named(name)
     if not callable(fn):
         verdict = Verdict(WRONG, f"expected a function ({exercise.stub_name}), "
                                  f"got a {type(fn).__name__}")
@@ -63,7 +65,7 @@ def check(name: str, fn) -> bool:
 
 def hint(name: str) -> None:
     """Print the exercise's hints, from gentle to explicit."""
-    exercise = _exercise(name)
+    exercise = exercise_named(name)
     for number, text in enumerate(exercise.hints, 1):
         print(f"Hint {number}: {text}")
 
@@ -71,13 +73,13 @@ def hint(name: str) -> None:
 def reference_solution(name: str):
     """The course's reference for exercise `name`, callable as the learner's
     function is (adapted when the course function's signature differs)."""
-    return _exercise(name).reference_solution()
+    return exercise_named(name).reference_solution()
 
 
 def solution(name: str) -> None:
     """Print the reference solution's source (try the exercise first!); for
     an adapted reference, also how it is called with the exercise's signature."""
-    exercise = _exercise(name)
+    exercise = exercise_named(name)
     print(inspect.getsource(exercise.reference_function()))
     if exercise.adapt is not None:
         print(f"# The exercise's {exercise.stub_name} is "
@@ -89,7 +91,7 @@ def solution(name: str) -> None:
 def solution_cell(name: str) -> str:
     """A cell that defines the learner's function as the reference: what a
     solved notebook runs in place of the exercise cell (used by the tests)."""
-    exercise = _exercise(name)
+    exercise = exercise_named(name)
     if exercise.adapt is not None:
         return (f"from ddp_teach.exercises import reference_solution\n"
                 f"{exercise.stub_name} = reference_solution({name!r})")

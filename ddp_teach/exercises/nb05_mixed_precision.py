@@ -2,7 +2,7 @@
 16-bit gradient compression hook.
 
 The update rule is checked here in the kernel against `dt.amp.next_scale`
-(which `tests/test_amp.py` holds equal to torch's GradScaler) over scripted
+(which `tests/course/test_amp.py` holds equal to torch's GradScaler) over scripted
 runs of clean and overflowing steps; the first step where the learner's
 scale differs is shown with the history that led to it. The hook runs on
 real ranks, first called directly on a bucket whose values would overflow

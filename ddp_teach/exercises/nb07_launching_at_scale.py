@@ -104,7 +104,7 @@ def _is_stub(fn) -> bool:
 
 def check_torchrun_script(fn) -> Verdict:
     from ddp_teach import scripts
-    from ddp_teach.launcher.launch import run
+    from ddp_teach.launcher import run
     if _is_stub(fn):
         return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
     work = tempfile.mkdtemp(prefix="torchrun-check-")

@@ -33,7 +33,7 @@ def test_solved_notebook_reports_every_exercise_correct(path):
 
 
 def test_every_exercise_cell_names_a_registered_exercise():
-    from ddp_teach.exercises import _exercise
+    from ddp_teach.exercises import exercise_named
     for path in NOTEBOOKS:
         for cell in exercise_cells(nbformat.read(path, as_version=4)):
-            assert _exercise(cell.metadata["exercise"]).stub_name in cell.source
+            assert exercise_named(cell.metadata["exercise"]).stub_name in cell.source
