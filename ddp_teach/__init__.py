@@ -6,8 +6,9 @@ processes; `%load_ext ddp_teach` adds the `%%ddp -n N` cell magic;
 compute marked by `span` or `trace_layers`.
 
 The modules below are the course, one concept each, in the order the
-notebooks teach them; `launcher/`, `tracing/` and `exercises/` are the
-tooling that runs, draws and checks it, and a first reading can skip them.
+notebooks teach them; `launcher/`, `tracing/`, `sim/` and `exercises/` are
+the tooling that runs, draws, simulates and checks it, and a first reading
+can skip them.
 """
 # The course, in notebook order: one module per concept.
 from ddp_teach import collectives, cost, diagrams           # 01 collectives
@@ -20,7 +21,7 @@ from ddp_teach import scripts, slurm, checkpoint             # 07 at scale
 from ddp_teach import paramserver, pipeline, tensor_parallel  # 08 beyond DP
 from ddp_teach import models, system, widgets                # used throughout
 # The tooling: running on ranks, timelines, checked exercises.
-from ddp_teach import exercises, launcher, tracing
+from ddp_teach import exercises, launcher, sim, tracing
 from ddp_teach.launcher import RunResult, WorkerError, WorkerTimeout, run, shutdown
 from ddp_teach.tracing import Timeline, span, trace_layers
 
@@ -53,7 +54,7 @@ COURSE_MODULES = ("collectives", "cost", "diagrams", "dp", "ddp", "sampler",
                   "syncbn", "precision", "amp", "memory", "flat", "zero", "fsdp",
                   "scripts", "slurm", "checkpoint", "paramserver", "pipeline",
                   "tensor_parallel", "models", "system", "widgets")
-TOOLING_PACKAGES = ("exercises", "launcher", "tracing")
+TOOLING_PACKAGES = ("exercises", "launcher", "sim", "tracing")
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown",
            "span", "trace_layers", "Timeline",
            *COURSE_MODULES, *TOOLING_PACKAGES]

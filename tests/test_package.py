@@ -80,6 +80,10 @@ PUBLIC_NAMES = [
     ("exercises.check", "function"), ("exercises.hint", "function"),
     ("exercises.solution", "function"),
     ("exercises.reference_solution", "function"),
+    ("sim.Simulation", "class"), ("sim.Device", "class"), ("sim.DEVICES", "value"),
+    ("sim.LINKS", "value"), ("sim.predict.profile", "function"),
+    ("sim.predict.compute_only", "function"), ("sim.predict.naive_ddp", "function"),
+    ("sim.predict.bucketed_ddp", "function"), ("tracing.now", "function"),
 ]
 KINDS = {"function": callable, "class": lambda obj: isinstance(obj, type),
          "module": lambda obj: isinstance(obj, types.ModuleType),
@@ -120,7 +124,7 @@ def _every_submodule() -> list[str]:
 
 def test_the_package_has_the_layout_the_readme_describes():
     names = set(_every_submodule())
-    for folder in ("launcher", "tracing", "exercises"):
+    for folder in ("launcher", "tracing", "exercises", "sim"):
         assert f"ddp_teach.{folder}" in names
     assert "ddp_teach.launcher.protocol" in names
     checkers = [n for n in names if n.startswith("ddp_teach.exercises.nb")]

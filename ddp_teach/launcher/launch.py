@@ -53,7 +53,7 @@ class RunResult(list):
 
 def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
         timeout: float = 60.0, trace: bool = False, env=None,
-        debug: bool = False, network=None) -> RunResult:
+        debug: bool = False, network=None, simulate=None) -> RunResult:
     """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` processes.
 
     Each worker has the default process group initialised (and destroyed
@@ -66,10 +66,15 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     collective and every `dt.span` into `.timeline`. `network=` (anything
     with `alpha` seconds and `beta` seconds per byte, e.g. a `dt.cost.Link`)
     emulates a slower link: each collective takes at least alpha + bytes*beta.
+    `simulate=dt.sim.Simulation(...)` runs every rank on a simulated GPU and
+    link: results stay real, `.timeline` is in virtual time (ddp_teach.sim).
     """
     kwargs = {} if kwargs is None else kwargs
     _check_inputs(fn, world_size, args, kwargs, timeout, env)
     _check_network(network)
+    if simulate is not None:
+        backend = _check_simulation(simulate, network, backend)
+        trace = True
     backend = choose_backend(backend, world_size)
     call = dumps_call(fn, tuple(args), kwargs)
     started = time.perf_counter()
@@ -77,7 +82,7 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     run_dir = new_run_dir()
     store, port = kernel_store(timeout)
     job = _job(call, world_size, backend, port, timeout, env, debug, run_dir,
-               trace, network)
+               trace, network, simulate)
     try:
         outcomes = _launch_and_watch(server, job, world_size, timeout)
     except WorkerError as error:  # raised here so the traceback is short: the
@@ -88,7 +93,8 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     timeline = None
     if trace:
         from ddp_teach.tracing.timeline import Timeline
-        timeline = Timeline(e for o in outcomes for e in o.events)
+        timeline = Timeline((e for o in outcomes for e in o.events),
+                            None if simulate is None else simulate.label)
     return RunResult(values, time.perf_counter() - started, backend, run_dir,
                      timeline)
 
@@ -133,7 +139,7 @@ def _launch_and_watch(server, job, world_size, timeout):
 
 
 def _job(call, world_size, backend, port, timeout, env, debug, run_dir, trace,
-         network) -> Job:
+         network, simulate) -> Job:
     worker_env = dict(os.environ)
     worker_env.update(env or {})
     threads = threads_per_rank(world_size)
@@ -153,7 +159,8 @@ def _job(call, world_size, backend, port, timeout, env, debug, run_dir, trace,
                             for r in range(world_size)],
                trace=bool(trace),
                network=None if network is None else  # plain floats (Job's doc)
-               (float(network.alpha), float(network.beta)))
+               (float(network.alpha), float(network.beta)),
+               simulate=simulate)
 
 
 def kernel_store(timeout):
@@ -198,6 +205,23 @@ def _fork_server(run_env: dict[str, str]) -> ForkServer:
     if _server is None:
         _server = ForkServer(import_env)
     return _server
+
+
+def _check_simulation(simulate, network, backend: str) -> str:
+    """The backend a simulated run uses (gloo: the real arithmetic runs on
+    the CPU), or a clear error."""
+    from ddp_teach.sim import Simulation
+    if not isinstance(simulate, Simulation):
+        raise TypeError("simulate must be a dt.sim.Simulation, e.g. "
+                        "dt.sim.Simulation('A100 80GB', 'NVLink 4'); got a "
+                        f"{type(simulate).__name__}")
+    if network is not None:
+        raise ValueError("give simulate= or network=, not both: a simulated "
+                         "run already charges every collective on its link")
+    if backend not in ("auto", "gloo"):
+        raise ValueError(f"a simulated run computes on the CPU over gloo; "
+                         f"backend={backend!r} cannot be simulated")
+    return "gloo"
 
 
 def _check_network(network) -> None:

@@ -34,6 +34,7 @@ class Job:
     stack_files: list[str]      # where rank r writes its stack when asked
     trace: bool = False         # record a timeline
     network: tuple[float, float] | None = None  # emulated link: (alpha, beta)
+    simulate: object = None     # a ddp_teach.sim.Simulation: virtual time
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ included), then the environment variables a torchrun worker sees, then the
 process group, then the learner's function. Whatever happens, exactly one
 message goes back on the result pipe: the return value, or the exception.
 """
+import contextlib
 import ctypes
 import faulthandler
 import io
@@ -104,6 +105,20 @@ def _init_process_group(job: Job, rank: int):
         dist.barrier()
 
 
+def _install_recorder(job: Job, rank: int):
+    """The recorder a traced, slowed or simulated run needs, or None."""
+    if job.simulate is not None:
+        from ddp_teach.sim.runtime import SimulatedRecorder
+        recorder = SimulatedRecorder(rank, job.simulate)
+    elif job.trace or job.network is not None:
+        from ddp_teach.tracing.recorder import Recorder
+        recorder = Recorder(rank, job.network)
+    else:
+        return None
+    from ddp_teach.tracing.recorder import install
+    return install(recorder)
+
+
 def _run(rank: int, job: Job) -> Returned | Failed:
     import cloudpickle
     os.environ.clear()
@@ -117,12 +132,10 @@ def _run(rank: int, job: Job) -> Returned | Failed:
     try:
         fn, args, kwargs = cloudpickle.loads(job.call)
         _init_process_group(job, rank)
-        recorder = None
-        if job.trace or job.network is not None:
-            from ddp_teach.tracing.recorder import install
-            recorder = install(rank, job.network)
-        value = fn(rank, job.world_size, *args, **kwargs)
-        events = recorder.finish() if job.trace else []
+        recorder = _install_recorder(job, rank)
+        with recorder.running() if recorder else contextlib.nullcontext():
+            value = fn(rank, job.world_size, *args, **kwargs)
+        events = recorder.finish() if job.trace or job.simulate else []
         return _encode_value(value, rank, events)
     except BaseException as exc:  # any failure goes back to the kernel
         return _describe_exception(exc)

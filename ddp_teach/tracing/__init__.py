@@ -7,8 +7,8 @@ produce; `timeline` turns every rank's events into pictures and numbers
 """
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 from ddp_teach.tracing.marks import span, trace_layers
-from ddp_teach.tracing.recorder import labelled, record
+from ddp_teach.tracing.recorder import labelled, now, record
 from ddp_teach.tracing.timeline import Timeline
 
-__all__ = ["COMM", "COMPUTE", "Event", "Timeline", "labelled", "record", "span",
-           "trace_layers"]
+__all__ = ["COMM", "COMPUTE", "Event", "Timeline", "labelled", "now", "record",
+           "span", "trace_layers"]

@@ -4,10 +4,9 @@ Both record through the worker's recorder and do nothing outside a traced
 run, so the same training code runs traced and untraced.
 """
 import contextlib
-import time
 
 from ddp_teach.tracing.events import COMPUTE
-from ddp_teach.tracing.recorder import record
+from ddp_teach.tracing.recorder import now, record
 
 
 class span(contextlib.ContextDecorator):
@@ -23,11 +22,11 @@ class span(contextlib.ContextDecorator):
         self.name, self.kind, self.nbytes = name, kind, nbytes
 
     def __enter__(self):
-        self._start = time.perf_counter()
+        self._start = now()
         return self
 
     def __exit__(self, *exc):
-        record(self.name, self.kind, self._start, time.perf_counter(), self.nbytes)
+        record(self.name, self.kind, self._start, now(), self.nbytes)
         return False
 
 
@@ -56,13 +55,13 @@ def _hook_layer(module, name: str) -> None:
     def finish(phase):
         if phase in starts:
             record(f"{phase} {name}", COMPUTE, starts.pop(phase),
-                   time.perf_counter())
+                   now())
 
     def forward_begins(*_):
-        starts["forward"] = time.perf_counter()
+        starts["forward"] = now()
 
     def backward_begins(_grad):
-        starts["backward"] = time.perf_counter()
+        starts["backward"] = now()
         waiting["grads"] = len(params)
 
     def forward_ends(_module, _inputs, output):

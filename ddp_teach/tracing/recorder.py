@@ -39,8 +39,14 @@ RECORDED_CALLS = (  # every public torch.distributed call that moves data
 _recorder = None  # the Recorder of this worker, when the run is traced
 
 
+def now() -> float:
+    """The trace's clock: perf_counter seconds, or the virtual clock of a
+    simulated run (ddp_teach.sim), whose events are in virtual time."""
+    return time.perf_counter() if _recorder is None else _recorder.now()
+
+
 def record(name: str, kind: str, start: float, end: float, nbytes: int = 0) -> None:
-    """Add one event (perf_counter seconds) to this worker's trace; a no-op
+    """Add one event (times from `now()`) to this worker's trace; a no-op
     outside a traced run, so code that records runs untraced too."""
     if _recorder is not None:
         _recorder.add(name, kind, start, end, nbytes)
@@ -70,6 +76,15 @@ class Recorder:
         self.events: list[Event] = []
         self._pending: list = []        # async works not yet completed
         self.local = threading.local()  # nesting depth and collective label
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def running(self):
+        """Wraps the learner's function; a real trace needs nothing there (a
+        simulated one charges every tensor operation)."""
+        yield
 
     def add(self, name, kind, start, end, nbytes=0, emulated_s=0.0) -> None:
         self.events.append(Event(self.rank, name, kind, start, end, nbytes,
@@ -194,13 +209,14 @@ def _tensor_bytes(values) -> int:
     return total
 
 
-def install(rank: int, network: tuple[float, float] | None = None) -> Recorder:
-    """Start recording in this worker: wrap torch.distributed's calls and
-    give DDP models a recorded gradient hook."""
+def install(recorder: Recorder) -> Recorder:
+    """Start recording in this worker with `recorder` (a Recorder, or a
+    simulated one): wrap torch.distributed's calls and give DDP models a
+    recorded gradient hook."""
     global _recorder
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
-    _recorder = Recorder(rank, network)
+    _recorder = recorder
     for name in RECORDED_CALLS:
         recorded = _recorded(name, getattr(c10d, name))
         setattr(c10d, name, recorded)  # torch's own internal calls too

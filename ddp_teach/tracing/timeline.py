@@ -91,7 +91,10 @@ def _legend(ax, emulated: bool) -> None:
 class Timeline:
     """The events of a run, sorted by (rank, start), with analysis and drawing."""
 
-    def __init__(self, events: Iterable[Event]):
+    def __init__(self, events: Iterable[Event], clock: str | None = None):
+        """clock: None for real time, else what the times simulate (e.g.
+        "simulated A100 80GB + NVLink 4"), which every plot then says."""
+        self.clock = clock
         self.events = sorted(events, key=lambda e: (e.rank, e.start))
         unknown = {e.kind for e in self.events} - {COMPUTE, COMM}
         if unknown:
@@ -114,10 +117,10 @@ class Timeline:
     def filter(self, kind: str | None = None, name: str | None = None,
                rank: int | None = None) -> "Timeline":
         """The events matching every criterion given (names match exactly)."""
-        return Timeline(e for e in self.events
-                        if (kind is None or e.kind == kind)
-                        and (name is None or e.name == name)
-                        and (rank is None or e.rank == rank))
+        return Timeline((e for e in self.events
+                         if (kind is None or e.kind == kind)
+                         and (name is None or e.name == name)
+                         and (rank is None or e.rank == rank)), self.clock)
 
     def _intervals(self, rank: int, kind: str) -> list[Interval]:
         return [(e.start, e.end) for e in self.events
@@ -184,11 +187,15 @@ class Timeline:
             ax = figure.add_subplot()
         self._draw(ax)
         _legend(ax, emulated=self._has_emulation())
-        ax.set_xlabel("time (ms)")
+        ax.set_xlabel(self._time_label("time (ms)"))
         ax.set_title(title if title is not None else
                      f"{len(self.ranks)} ranks · communication hidden behind "
                      f"compute: {self.mean_overlap():.0%} (mean overlap)")
         return ax.figure
+
+    def _time_label(self, label: str) -> str:
+        """An axis label that says when the time is simulated."""
+        return label if self.clock is None else f"{label}, {self.clock}"
 
     @staticmethod
     def compare(a: "Timeline", b: "Timeline", labels=("a", "b")) -> Figure:
@@ -203,7 +210,8 @@ class Timeline:
             ax.set_title(f"{label} · mean overlap {timeline.mean_overlap():.0%}", loc="left")
         axes[0].set_xlim(0, max(ends_ms) * 1.01 or 1)
         _legend(axes[0], emulated=a._has_emulation() or b._has_emulation())
-        axes[1].set_xlabel("time (ms from each run's first event)")
+        clocks = " / ".join(dict.fromkeys(t.clock or "real time" for t in (a, b)))
+        axes[1].set_xlabel(f"time (ms from each run's first event), {clocks}")
         return figure
 
     def _has_emulation(self) -> bool:

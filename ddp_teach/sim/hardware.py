@@ -1,0 +1,106 @@
+"""The simulated hardware: accelerators and the links between them.
+
+A `Device` turns one tensor operation into seconds with a roofline (Williams,
+Waterman & Patterson, "Roofline", CACM 2009): an operation takes as long as
+its arithmetic at the device's peak rate or its memory traffic at the
+device's memory bandwidth, whichever is longer, plus a fixed cost to launch
+a kernel. A link is the alpha-beta `ddp_teach.cost.Link` (seconds per
+message, seconds per byte) that the collectives are charged on.
+
+Peak rates and bandwidths are the vendors' datasheet figures (dense, no
+sparsity): NVIDIA H100 Tensor Core GPU datasheet (SXM5: 989 TFLOP/s bf16/fp16
+tensor, 67 TFLOP/s fp32, 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s in both
+directions together); NVIDIA A100 Tensor Core GPU datasheet (80GB SXM: 312
+TFLOP/s bf16/fp16 tensor, 19.5 TFLOP/s fp32, 2,039 GB/s HBM2e); NVIDIA Ada
+Lovelace architecture whitepaper (GeForce RTX 4090: 165 TFLOP/s fp16/bf16
+tensor with fp32 accumulate, 82.6 TFLOP/s fp32, 1,008 GB/s GDDR6X, 24 GB).
+fp32 matrix products count at the fp32 rate, as in PyTorch, which leaves TF32
+off for them (`torch.backends.cuda.matmul.allow_tf32 = False`). Link
+bandwidths are per direction: NVLink 4 450 GB/s, PCIe 4.0 x16 31.5 GB/s
+(PCI-SIG), InfiniBand NDR 400 Gb/s = 50 GB/s, Ethernet 100 and 10 Gb/s.
+
+The launch cost (5 us) and the links' per-message latencies are not
+datasheet numbers: they are the orders of magnitude that measurements report
+(a CUDA kernel launch costs a few microseconds; NCCL's small-message
+latency is microseconds inside a node, tens of them across Ethernet). They
+are parameters: build a `Device` or a `Link` of your own to change them.
+"""
+import math
+from dataclasses import dataclass, field
+
+from ddp_teach.cost import Link
+
+TFLOPS, GBPS = 1e12, 1e9
+
+
+@dataclass(frozen=True)
+class Device:
+    """An accelerator: peak FLOP/s per dtype, memory bandwidth, launch cost."""
+    name: str
+    flops: dict = field(hash=False)   # dtype name -> peak FLOP/s
+    memory_bandwidth: float           # bytes per second
+    memory_bytes: float
+    launch_s: float = 5e-6
+
+    def __post_init__(self):
+        if "float32" not in self.flops:
+            raise ValueError(f"Device {self.name!r} needs a float32 peak rate")
+        for value in (*self.flops.values(), self.memory_bandwidth,
+                      self.memory_bytes):
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"Device {self.name!r}: rates and sizes must "
+                                 f"be finite and > 0; got {value!r}")
+        if not (self.launch_s >= 0 and math.isfinite(self.launch_s)):
+            raise ValueError(f"launch_s must be >= 0 seconds; got {self.launch_s!r}")
+
+    def op_seconds(self, flops: float, nbytes: float, dtype: str = "float32") -> float:
+        """The roofline time of one kernel: launch, then arithmetic or memory
+        traffic, whichever takes longer. Unknown dtypes run at fp32's rate."""
+        peak = self.flops.get(dtype, self.flops["float32"])
+        return self.launch_s + max(flops / peak, nbytes / self.memory_bandwidth)
+
+
+DEVICES = {
+    "H100 SXM": Device("H100 SXM", {"float32": 66.9 * TFLOPS,
+                                     "bfloat16": 989.4 * TFLOPS,
+                                     "float16": 989.4 * TFLOPS},
+                       memory_bandwidth=3350 * GBPS, memory_bytes=80e9),
+    "A100 80GB": Device("A100 80GB", {"float32": 19.5 * TFLOPS,
+                                       "bfloat16": 312 * TFLOPS,
+                                       "float16": 312 * TFLOPS},
+                        memory_bandwidth=2039 * GBPS, memory_bytes=80e9),
+    "RTX 4090": Device("RTX 4090", {"float32": 82.6 * TFLOPS,
+                                     "bfloat16": 165.2 * TFLOPS,
+                                     "float16": 165.2 * TFLOPS},
+                       memory_bandwidth=1008 * GBPS, memory_bytes=24e9),
+}
+
+LINKS = {
+    "NVLink 4": Link.from_latency_bandwidth(3e-6, 450 * GBPS),
+    "PCIe 4 x16": Link.from_latency_bandwidth(10e-6, 31.5 * GBPS),
+    "InfiniBand NDR": Link.from_latency_bandwidth(8e-6, 50 * GBPS),
+    "100GbE": Link.from_latency_bandwidth(20e-6, 12.5 * GBPS),
+    "10GbE": Link.from_latency_bandwidth(50e-6, 1.25 * GBPS),
+}
+
+
+def device(spec) -> Device:
+    """A Device, or the preset of that name (case and spaces ignored)."""
+    return _preset(spec, DEVICES, Device, "device")
+
+
+def link(spec) -> Link:
+    """A Link, or the preset of that name (case and spaces ignored)."""
+    return _preset(spec, LINKS, Link, "link")
+
+
+def _preset(spec, presets: dict, kind: type, what: str):
+    if isinstance(spec, kind):
+        return spec
+    key = {name.lower().replace(" ", ""): name for name in presets}.get(
+        str(spec).lower().replace(" ", ""))
+    if key is None:
+        raise ValueError(f"unknown {what} {spec!r}: use one of "
+                         f"{', '.join(map(repr, presets))} or a "
+                         f"{kind.__module__}.{kind.__name__} of your own")
+    return presets[key]

@@ -1,0 +1,237 @@
+"""Inside each worker of a simulated run: the virtual clock and its charges.
+
+A `SimulatedRecorder` replaces the trace's recorder. Its clock is the rank's
+compute stream, in virtual seconds from the start of the function:
+
+- `running()` puts a `TorchDispatchMode` around the learner's function, which
+  sees every ATen operation (forward, the autograd engine's backward, the
+  optimizer's update), lets the CPU compute it, and moves the clock by the
+  operation's roofline time on the simulated device: FLOPs from torch's own
+  `torch.utils.flop_counter` registry (matrix products, convolutions,
+  attention), bytes from its tensors. Views and allocations are free. The
+  time the CPU took never enters the clock.
+- `record_call` (every torch.distributed collective, wrapped as in a traced
+  run) first exchanges, over the same group, each rank's issue time and when
+  its communication channel is free; the collective starts at the latest of
+  them, lasts its alpha-beta time (`ddp_teach.cost.collective_time`) and
+  occupies the channel until then, so calls queue in issue order. Only then
+  is the real call made, so real data still moves. A blocking call moves the
+  clock to the end; an async one returns a work whose `wait()` does, and a
+  future taken during backward moves it at the end of backward (when torch's
+  DDP waits for its buckets).
+
+Compute is recorded as one event per stretch of a phase ("forward",
+"backward", "optimizer"); the clock only depends on the program and the
+tensor shapes, so the events are the same on any machine under any load.
+"""
+import contextlib
+import inspect
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                   register_optimizer_step_pre_hook)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from ddp_teach.cost import collective_time
+from ddp_teach.tracing.events import COMM, COMPUTE
+from ddp_teach.tracing.recorder import Recorder
+
+# torch.distributed call -> (cost model op, which argument holds the bytes)
+COLLECTIVES = {
+    "all_reduce": ("all_reduce", "tensor"),
+    "broadcast": ("broadcast", "tensor"),
+    "all_gather": ("all_gather", "tensor_list"),
+    "all_gather_into_tensor": ("all_gather", "output_tensor"),
+    "all_gather_single": ("all_gather", "output_tensor"),
+    "reduce_scatter": ("reduce_scatter", "input_list"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "barrier": ("all_reduce", None),
+}
+FREE_OPS = {torch.ops.aten.empty, torch.ops.aten.empty_strided,
+            torch.ops.aten.empty_like, torch.ops.aten.detach,
+            torch.ops.aten.lift_fresh, torch.ops.aten.alias,
+            torch.ops.aten._unsafe_view, torch.ops.aten.set_}
+PHASES = ("forward", "backward", "optimizer")
+
+
+class SimulatedRecorder(Recorder):
+    """A rank's virtual clock, compute stream and communication channel."""
+
+    def __init__(self, rank: int, simulation):
+        super().__init__(rank)
+        self.simulation = simulation
+        self.clock = 0.0       # the compute stream, virtual seconds
+        self.channel_free = 0.0
+        self.in_optimizer = 0  # depth of optimizer.step() calls
+        self.charging = True   # False while the simulator does its own work
+        self._stretch = None   # [phase, start, end] of the compute being recorded
+
+    def now(self) -> float:
+        return self.clock
+
+    @contextlib.contextmanager
+    def running(self):
+        hooks = [register_optimizer_step_pre_hook(lambda *_: self._enter_optimizer(1)),
+                 register_optimizer_step_post_hook(lambda *_: self._enter_optimizer(-1))]
+        try:
+            with _ChargeEveryOp(self):
+                yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def _enter_optimizer(self, step: int) -> None:
+        self.in_optimizer += step
+
+    def compute(self, seconds: float) -> None:
+        """Run `seconds` of work on the compute stream, in the current phase."""
+        phase = ("optimizer" if self.in_optimizer else "backward"
+                 if torch._C._current_autograd_node() is not None else "forward")
+        start, self.clock = self.clock, self.clock + seconds
+        stretch = self._stretch
+        if stretch and stretch[0] == phase and stretch[2] == start:
+            stretch[2] = self.clock
+        else:
+            self._close_stretch()
+            self._stretch = [phase, start, self.clock]
+
+    def wait_until(self, when: float) -> None:
+        """The compute stream waits (idle) until `when`."""
+        if when > self.clock:
+            self._close_stretch()
+            self.clock = when
+
+    def _close_stretch(self) -> None:
+        if self._stretch:
+            phase, start, end = self._stretch
+            self.add(phase, COMPUTE, start, end)
+            self._stretch = None
+
+    def record_call(self, name: str, call, args, kwargs):
+        local = self.local
+        if getattr(local, "depth", 0):  # inside another recorded call
+            return call(*args, **kwargs)
+        if name not in COLLECTIVES:
+            raise NotImplementedError(
+                f"a simulated run does not model dist.{name} yet; it models "
+                f"{', '.join(sorted(COLLECTIVES))}. Run without simulate= "
+                "to use it.")
+        op, data = COLLECTIVES[name]
+        bound = _signature(call).bind(*args, **kwargs)
+        bound.apply_defaults()
+        group = bound.arguments.get("group")
+        nbytes = _nbytes(bound.arguments.get(data)) if data else 0
+        local.depth = 1
+        try:
+            start = self._agreed_start(group)
+            end = start + collective_time(op, nbytes, dist.get_world_size(group),
+                                          self.simulation.link)
+            self.channel_free = end
+            result = call(*args, **kwargs)  # the real data, moved for real
+        finally:
+            local.depth = 0
+        self.add(getattr(local, "label", None) or name, COMM, start, end, nbytes)
+        if bound.arguments.get("async_op"):
+            self._pending.append(result)
+            return VirtualWork(result, end, self)
+        self.wait_until(end)
+        return result
+
+    def _agreed_start(self, group) -> float:
+        """The latest of every rank's issue time and channel-free time: when
+        the collective can start (one small real all-gather)."""
+        self.charging = False  # bookkeeping, not the program's work
+        try:
+            mine = torch.tensor([self.clock, self.channel_free], dtype=torch.float64)
+            every = mine.new_empty(2 * dist.get_world_size(group))
+            dist.all_gather_single(every, mine, group=group)
+            return float(every.max())
+        finally:
+            self.charging = True
+
+    def finish(self):
+        self._close_stretch()
+        for work in self._pending:
+            if not work.is_completed():
+                work.wait()
+        return sorted(self.events, key=lambda e: e.start)
+
+
+class VirtualWork:
+    """An async collective's work: `wait()` waits for the real data, then
+    moves the rank's compute stream to the collective's virtual end."""
+
+    def __init__(self, work, end: float, recorder: SimulatedRecorder):
+        self._work, self._end, self._recorder = work, end, recorder
+
+    def wait(self, *args, **kwargs):
+        result = self._work.wait(*args, **kwargs)
+        self._recorder.wait_until(self._end)
+        return result
+
+    def get_future(self):
+        end, recorder = self._end, self._recorder
+        if torch._C._current_autograd_node() is not None:  # torch's DDP waits
+            torch.autograd.Variable._execution_engine.queue_callback(  # at the
+                lambda: recorder.wait_until(end))                      # end
+        else:
+            recorder.wait_until(end)
+        return self._work.get_future()
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+class _ChargeEveryOp(TorchDispatchMode):
+    """Moves the rank's clock by every ATen operation's simulated time."""
+
+    def __init__(self, recorder: SimulatedRecorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if (self.recorder.charging and func.namespace == "aten"
+                and not func.is_view and func.overloadpacket not in FREE_OPS):
+            self.recorder.compute(op_seconds(self.recorder.simulation.device,
+                                             func, args, kwargs, out))
+        return out
+
+
+def op_seconds(device, func, args, kwargs, out) -> float:
+    """One ATen operation's roofline time on `device`."""
+    counter = flop_registry.get(func.overloadpacket)
+    flops = counter(*args, **kwargs, out_val=out) if counter else 0
+    tensors = [t for t in _flatten((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    floating = [t.dtype for t in tensors if t.is_floating_point()]
+    dtype = str(floating[-1]).removeprefix("torch.") if floating else "float32"
+    return device.op_seconds(flops, nbytes, dtype)
+
+
+def _flatten(value):
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _flatten(item)
+    elif isinstance(value, dict):
+        yield from _flatten(list(value.values()))
+    else:
+        yield value
+
+
+def _nbytes(value) -> int:
+    return sum(t.numel() * t.element_size() for t in _flatten(value)
+               if isinstance(t, torch.Tensor))
+
+
+_SIGNATURES = {}
+
+
+def _signature(call):
+    if call not in _SIGNATURES:
+        _SIGNATURES[call] = inspect.signature(call)
+    return _SIGNATURES[call]
