@@ -71,9 +71,11 @@ bench: setup
 	$(BIN)/python benchmarks/ring_vs_gloo.py
 	$(BIN)/python benchmarks/ddp_vs_torch.py
 	$(BIN)/python benchmarks/zero_vs_torch.py
+	$(BIN)/python benchmarks/sim_fidelity.py
 	cat benchmarks/launcher_latency.md benchmarks/timeline_overlap.md \
 		benchmarks/ring_vs_gloo.md benchmarks/ddp_vs_torch.md \
-		benchmarks/zero_vs_torch.md > benchmarks/results.md
+		benchmarks/zero_vs_torch.md benchmarks/sim_fidelity.md \
+		> benchmarks/results.md
 
 # Every notebook executed and rendered, with an index: build/html/index.html.
 html: setup

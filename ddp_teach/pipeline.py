@@ -113,11 +113,6 @@ def pipeline_bytes(batch_rows: int, width: int, element_size: int = 4) -> int:
 
 
 def after_last_barrier(timeline):
-    """Each rank's events after its last `barrier`: the measured step,
-    without the warm-up before it."""
-    from ddp_teach.tracing.timeline import Timeline
-    cut = {}
-    for e in timeline:
-        if e.name == "barrier":
-            cut[e.rank] = max(cut.get(e.rank, e.end), e.end)
-    return Timeline(e for e in timeline if e.start >= cut.get(e.rank, 0.0))
+    """Each rank's events after its last `barrier`: the measured step
+    (`Timeline.after_last_barrier`)."""
+    return timeline.after_last_barrier()

@@ -21,8 +21,9 @@ compute stream, in virtual seconds from the start of the function:
   DDP waits for its buckets).
 
 Compute is recorded as one event per stretch of a phase ("forward",
-"backward", "optimizer"); the clock only depends on the program and the
-tensor shapes, so the events are the same on any machine under any load.
+"backward", "optimizer"), in place of the program's own `span` and
+`trace_layers` marks; the clock only depends on the program and the tensor
+shapes, so the events are the same on any machine under any load.
 """
 import contextlib
 import inspect
@@ -71,6 +72,10 @@ class SimulatedRecorder(Recorder):
 
     def now(self) -> float:
         return self.clock
+
+    def mark(self, name, kind, start, end, nbytes=0) -> None:
+        """The program's own marks (`span`, `trace_layers`) are left out:
+        a simulated run records its compute itself, phase by phase."""
 
     @contextlib.contextmanager
     def running(self):

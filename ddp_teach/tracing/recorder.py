@@ -49,7 +49,7 @@ def record(name: str, kind: str, start: float, end: float, nbytes: int = 0) -> N
     """Add one event (times from `now()`) to this worker's trace; a no-op
     outside a traced run, so code that records runs untraced too."""
     if _recorder is not None:
-        _recorder.add(name, kind, start, end, nbytes)
+        _recorder.mark(name, kind, start, end, nbytes)
 
 
 @contextlib.contextmanager
@@ -85,6 +85,10 @@ class Recorder:
         """Wraps the learner's function; a real trace needs nothing there (a
         simulated one charges every tensor operation)."""
         yield
+
+    def mark(self, name, kind, start, end, nbytes=0) -> None:
+        """An event the program marked itself (`span`, `trace_layers`)."""
+        self.add(name, kind, start, end, nbytes)
 
     def add(self, name, kind, start, end, nbytes=0, emulated_s=0.0) -> None:
         self.events.append(Event(self.rank, name, kind, start, end, nbytes,

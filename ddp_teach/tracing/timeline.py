@@ -122,6 +122,16 @@ class Timeline:
                          and (name is None or e.name == name)
                          and (rank is None or e.rank == rank)), self.clock)
 
+    def after_last_barrier(self) -> "Timeline":
+        """Each rank's events after its last `barrier`: the measured step,
+        without the set-up and warm-up before it."""
+        cut = {}
+        for e in self.events:
+            if e.name == "barrier":
+                cut[e.rank] = max(cut.get(e.rank, e.end), e.end)
+        return Timeline((e for e in self.events if e.start >= cut.get(e.rank, 0.0)),
+                        self.clock)
+
     def _intervals(self, rank: int, kind: str) -> list[Interval]:
         return [(e.start, e.end) for e in self.events
                 if e.rank == rank and e.kind == kind]

@@ -113,17 +113,19 @@ def test_simulated_steps_equal_the_predicted_schedule(link, world_size):
 
 
 def train_with_adam(rank, world_size):
-    model = dt.ddp.DistributedDataParallel(make_model())
+    model = dt.ddp.DistributedDataParallel(dt.trace_layers(make_model()))
     optimizer = torch.optim.Adam(model.parameters())
     loss_of(model, rank).backward()
     optimizer.step()
 
 
-def test_the_optimizer_step_is_its_own_phase_after_backward():
+def test_the_optimizer_step_is_its_own_phase_and_layer_marks_give_way():
     result = dt.run(train_with_adam, 2, simulate=Simulation("RTX 4090", "PCIe 4 x16"))
     phases = [e.name for e in result.timeline.for_rank(0).filter(
         kind=dt.tracing.COMPUTE)]
     assert phases[-1] == "optimizer" and "backward" in phases[:-1]
+    # the phases replace the program's own marks: no per-layer events
+    assert set(phases) <= {"forward", "backward", "optimizer"}
 
 
 def test_a_call_the_simulator_does_not_model_is_refused_by_name():
