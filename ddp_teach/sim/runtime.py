@@ -94,7 +94,7 @@ class SimulatedRecorder(Recorder):
     def compute(self, seconds: float) -> None:
         """Run `seconds` of work on the compute stream, in the current phase."""
         phase = ("optimizer" if self.in_optimizer else "backward"
-                 if torch._C._current_autograd_node() is not None else "forward")
+                 if _in_backward() else "forward")
         start, self.clock = self.clock, self.clock + seconds
         stretch = self._stretch
         if stretch and stretch[0] == phase and stretch[2] == start:
@@ -179,7 +179,7 @@ class VirtualWork:
 
     def get_future(self):
         end, recorder = self._end, self._recorder
-        if torch._C._current_autograd_node() is not None:  # torch's DDP waits
+        if _in_backward():  # torch's DDP waits
             torch.autograd.Variable._execution_engine.queue_callback(  # at the
                 lambda: recorder.wait_until(end))                      # end
         else:
@@ -205,6 +205,12 @@ class _ChargeEveryOp(TorchDispatchMode):
             self.recorder.compute(op_seconds(self.recorder.simulation.device,
                                              func, args, kwargs, out))
         return out
+
+
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward pass, its final
+    callbacks (where DDP finishes its buckets) included."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def op_seconds(device, func, args, kwargs, out) -> float:

@@ -15,6 +15,8 @@ both taken over the union of each kind's intervals on a rank. HTA reports it as
 a percentage; here it is a fraction in [0, 1].
 """
 import json
+import re
+import warnings
 from typing import Iterable, Iterator
 
 from matplotlib.figure import Figure
@@ -25,6 +27,12 @@ from ddp_teach.tracing.events import COMM, COMPUTE, Event
 Interval = tuple[float, float]
 
 COLORS = {COMPUTE: "#3b6fb6", COMM: "#e07b24"}
+# compute named after its phase (a simulated run's events, trace_layers' marks)
+PHASE_COLORS = {"forward": "#74a9e0", "backward": "#1f9e89", "optimizer": "#8e5ea2"}
+NO_COMPUTE = ("no compute was marked, so overlap cannot be measured: wrap the "
+              "work in `with dt.span('backward'):`, pass the model through "
+              "dt.trace_layers(model), or run with simulate=, which records "
+              "compute by itself")
 EMULATED_COLOR = "#f6cfa8"
 LANE_HEIGHT = 0.8
 TRACE_THREADS = {COMPUTE: (0, "compute"), COMM: (1, "communication")}
@@ -77,10 +85,25 @@ def _rows_without_overlap(events: list[Event]) -> list[int]:
     return rows
 
 
-def _legend(ax, emulated: bool) -> None:
-    """Colour key to the right of `ax`; the emulated entry only when there is some."""
-    handles = [Patch(color=COLORS[COMPUTE], label="compute"),
-               Patch(color=COLORS[COMM], label="communication")]
+def _phase(name: str) -> str:
+    """The leading word of an event's name: "backward" of "backward fc1"."""
+    return re.match(r"[A-Za-z]*", name).group()
+
+
+def _color(event: Event) -> str:
+    if event.kind == COMM:
+        return COLORS[COMM]
+    return PHASE_COLORS.get(_phase(event.name), COLORS[COMPUTE])
+
+
+def _legend(ax, emulated: bool, phases=()) -> None:
+    """Colour key to the right of `ax`: one entry per compute phase drawn (or
+    "compute"), communication, and emulation only when there is some."""
+    handles = [Patch(color=PHASE_COLORS[p], label=p) for p in PHASE_COLORS
+               if p in phases]
+    if not handles or set(phases) - set(PHASE_COLORS):  # other names: "compute"
+        handles.append(Patch(color=COLORS[COMPUTE], label="compute"))
+    handles.append(Patch(color=COLORS[COMM], label="communication"))
     if emulated:
         handles.append(Patch(facecolor=EMULATED_COLOR, hatch="////", linewidth=0,
                              hatchcolor=COLORS[COMM], label="emulated (slow link)"))
@@ -144,7 +167,10 @@ class Timeline:
                 for rank, row in self.summary().items()}
 
     def mean_overlap(self) -> float:
-        """The overlap fraction averaged over ranks (0.0 for an empty timeline)."""
+        """The overlap fraction averaged over ranks (0.0 for an empty timeline).
+        Warns when communication was recorded but no compute was marked."""
+        if self._unmarked():
+            warnings.warn(NO_COMPUTE, stacklevel=2)
         fractions = list(self.overlap().values())
         return sum(fractions) / len(fractions) if fractions else 0.0
 
@@ -196,12 +222,22 @@ class Timeline:
                             layout="constrained")
             ax = figure.add_subplot()
         self._draw(ax)
-        _legend(ax, emulated=self._has_emulation())
+        _legend(ax, emulated=self._has_emulation(), phases=self._phases())
         ax.set_xlabel(self._time_label("time (ms)"))
+        if title is None and self._unmarked():
+            title = f"{len(self.ranks)} ranks · {NO_COMPUTE}"
         ax.set_title(title if title is not None else
                      f"{len(self.ranks)} ranks · communication hidden behind "
-                     f"compute: {self.mean_overlap():.0%} (mean overlap)")
+                     f"compute: {self.mean_overlap():.0%} (mean overlap)",
+                     wrap=True)
         return ax.figure
+
+    def _phases(self) -> set[str]:
+        return {_phase(e.name) for e in self.events if e.kind == COMPUTE}
+
+    def _unmarked(self) -> bool:
+        """Communication recorded but no compute: overlap would read 0."""
+        return bool(self.events) and all(e.kind == COMM for e in self.events)
 
     def _time_label(self, label: str) -> str:
         """An axis label that says when the time is simulated."""
@@ -219,7 +255,8 @@ class Timeline:
             ends_ms.append(timeline._draw(ax))
             ax.set_title(f"{label} · mean overlap {timeline.mean_overlap():.0%}", loc="left")
         axes[0].set_xlim(0, max(ends_ms) * 1.01 or 1)
-        _legend(axes[0], emulated=a._has_emulation() or b._has_emulation())
+        _legend(axes[0], emulated=a._has_emulation() or b._has_emulation(),
+                phases=a._phases() | b._phases())
         clocks = " / ".join(dict.fromkeys(t.clock or "real time" for t in (a, b)))
         axes[1].set_xlabel(f"time (ms from each run's first event), {clocks}")
         return figure
@@ -245,7 +282,7 @@ class Timeline:
             events, centres, heights = zip(*bars)
             ax.barh(centres, [e.duration * MS for e in events], heights,
                     left=[(e.start - origin) * MS for e in events],
-                    color=[COLORS[e.kind] for e in events], linewidth=0)
+                    color=[_color(e) for e in events], linewidth=0)
         tails = [(e, y, h) for e, y, h in bars if e.emulated_s > 0]
         if tails:
             events, centres, heights = zip(*tails)

@@ -128,6 +128,26 @@ def test_the_optimizer_step_is_its_own_phase_and_layer_marks_give_way():
     assert set(phases) <= {"forward", "backward", "optimizer"}
 
 
+def torch_ddp_step(rank, world_size):
+    model = torch.nn.parallel.DistributedDataParallel(make_model(), bucket_cap_mb=0.3)
+    for _ in range(2):  # torch's DDP rebuilds its buckets after the first step
+        model.zero_grad()
+        loss_of(model, rank).backward()
+    return dt.tracing.now(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_torch_ddp_is_simulated_too_and_waits_for_its_buckets():
+    sim = Simulation("A100 80GB", "10GbE")
+    simulated = dt.run(torch_ddp_step, 2, simulate=sim)
+    real = dt.run(torch_ddp_step, 2)
+    for (_, got), (_, want) in zip(simulated, real):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    buckets = [e for e in simulated.timeline.for_rank(0) if e.name.startswith("ddp bucket")]
+    assert len({e.name for e in buckets}) >= 2
+    # backward() returned only once every bucket had arrived, in virtual time
+    assert simulated[0][0] >= max(e.end for e in buckets)
+
+
 def test_a_call_the_simulator_does_not_model_is_refused_by_name():
     def sends(rank, world_size):
         dist.send(torch.ones(1), dst=1 - rank) if rank == 0 else dist.recv(

@@ -182,7 +182,9 @@ def test_plot_has_a_compute_and_a_comm_lane_per_rank_and_a_legend(ranks):
     assert len(lane_labels(ax)) == 2 * ranks
     assert lane_labels(ax)[:2] == ["rank 0 compute", "rank 0 comm"]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == ["compute", "communication", "emulated (slow link)"]
+    # compute in colours by phase, from the names' leading words
+    assert legend == ["forward", "backward", "optimizer", "communication",
+                      "emulated (slow link)"]
     assert ax.get_title() == "bucketed"
     hatched = [p.get_width() for p in ax.patches if p.get_hatch()]
     assert hatched == pytest.approx([3.0] * ranks)  # each rank's 3 ms emulated tail
@@ -240,3 +242,28 @@ def test_compare_stacks_two_runs_on_a_shared_time_axis():
     assert len(lane_labels(top)) == len(lane_labels(bottom)) == 4
     naive_ms = (max(e.end for e in naive) - min(e.start for e in naive)) * 1e3
     assert bottom.get_xlim()[1] >= naive_ms > bucketed.summary()[0]["span_s"] * 1e3
+
+
+def test_a_trace_without_compute_says_how_to_mark_it():
+    only_comm = Timeline([Event(0, "all_reduce", COMM, 0.0, 1.0, 8)])
+    with pytest.warns(UserWarning, match="dt.trace_layers"):
+        assert only_comm.mean_overlap() == 0.0
+    assert "no compute was marked" in only_comm.plot().axes[0].get_title()
+    marked = Timeline([Event(0, "all_reduce", COMM, 0.0, 1.0, 8),
+                       Event(0, "backward", COMPUTE, 0.0, 0.5)])
+    assert marked.mean_overlap() == 0.5 and "no compute" not in \
+        marked.plot().axes[0].get_title()
+
+
+def test_phases_have_their_own_colours_and_legend_entries():
+    from ddp_teach.tracing.timeline import PHASE_COLORS
+    events = [Event(0, "forward", COMPUTE, 0.0, 1.0),
+              Event(0, "backward fc1", COMPUTE, 1.0, 2.0),
+              Event(0, "optimizer", COMPUTE, 2.0, 3.0),
+              Event(0, "bucket 0", COMM, 1.5, 2.5, 8)]
+    ax = Timeline(events).plot().axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["forward", "backward", "optimizer", "communication"]
+    colors = {tuple(round(c, 3) for c in bar.get_facecolor()[:3])
+              for bar in ax.patches}
+    assert len(colors) == 4 and len(set(PHASE_COLORS.values())) == 3
