@@ -73,6 +73,9 @@ SETUP_CALL = '''\
     try:
         rank, world_size = _dist.get_rank(), _dist.get_world_size()
         result = {name}(rank, world_size, *ARGS, **KWARGS)
+        # all done before any rank tears down its connections: a rank that
+        # left first could crash a peer still closing its own (gloo)
+        _dist.barrier()
     finally:
         _dist.destroy_process_group()'''
 PLAIN_CALL = "    result = {name}(*ARGS, **KWARGS)"
