@@ -212,13 +212,19 @@ def test_a_planted_import_cycle_is_found(tmp_path):
     assert import_cycles(tmp_path, "pkg") == [["pkg.zero", "pkg.fsdp", "pkg.zero"]]
 
 
+# the course authors' notes beside the repository, which a learner's clone
+# lacks; spelled in pieces so that this file does not name them itself
+OUTSIDE_PATHS = ("/".join(("shared", "reference")), "/".join(("shared", "seeds")),
+                 ".".join(("design", "md")))
+
+
 def test_no_file_cites_a_path_outside_the_repository():
     cited = []
     for path in ROOT.rglob("*"):
         if (path.suffix in {".py", ".md", ".ipynb", ".toml", ".yml"}
                 and not {".venv", ".git", ".jupyter", "build"} & set(path.parts)):
             text = path.read_text(errors="replace")
-            for marker in ("shared/reference", "shared/seeds", "design.md"):
-                if marker in text and path != Path(__file__):
+            for marker in OUTSIDE_PATHS:
+                if marker in text:
                     cited.append(f"{path.relative_to(ROOT)}: {marker}")
     assert not cited, cited
