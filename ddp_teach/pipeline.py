@@ -111,8 +111,3 @@ def pipeline_bytes(batch_rows: int, width: int, element_size: int = 4) -> int:
     forward plus their gradients backward, whatever the micro-batch count."""
     return 2 * batch_rows * width * element_size
 
-
-def after_last_barrier(timeline):
-    """Each rank's events after its last `barrier`: the measured step
-    (`Timeline.after_last_barrier`)."""
-    return timeline.after_last_barrier()

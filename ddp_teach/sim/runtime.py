@@ -26,6 +26,7 @@ Compute is recorded as one event per stretch of a phase ("forward",
 shapes, so the events are the same on any machine under any load.
 """
 import contextlib
+import functools
 import inspect
 
 import torch
@@ -239,10 +240,6 @@ def _nbytes(value) -> int:
                if isinstance(t, torch.Tensor))
 
 
-_SIGNATURES = {}
-
-
+@functools.cache
 def _signature(call):
-    if call not in _SIGNATURES:
-        _SIGNATURES[call] = inspect.signature(call)
-    return _SIGNATURES[call]
+    return inspect.signature(call)

@@ -122,7 +122,7 @@ def test_split_layers_equal_the_whole_layer_forward_and_backward(world_size):
     assert torch.allclose(down_grads, mlp[2].weight.grad, atol=1e-5)
     assert all(torch.allclose(r[6], mlp[2].bias.grad, atol=1e-5) for r in result)
     # the MLP's step: one all-reduce of ROWS x H in forward, one in backward
-    step = pipeline.after_last_barrier(result.timeline).for_rank(0)
+    step = result.timeline.after_last_barrier().for_rank(0)
     reduces = [e.nbytes for e in step if e.name == "all_reduce"]
     assert reduces == [ROWS * H * 4] * 2
     assert sum(reduces) == tp.megatron_mlp_bytes(ROWS, H)
