@@ -5,7 +5,9 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the function tested in a cell is
 already a torchrun program; what it lacks is a file. `export` writes one:
 the function's source, what it needs from the notebook, and an entry point
 that does what `dt.run` did around it (`init_process_group` from the
-environment, the call, `destroy_process_group`).
+environment, the call, `destroy_process_group`) and then, as `dt.run`'s
+workers do, leaves with `os._exit`: Python's own shutdown can abort a
+process whose gloo threads are still running (the entry point says why).
 
 Why a function and not `%%writefile`: `%%writefile` copies one cell as it
 is, so the script and the code you tested are two copies that drift apart.
@@ -45,6 +47,7 @@ def _main():
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set."""
     import argparse
     import os
+    import sys
     import torch
     import torch.distributed as _dist
     parser = argparse.ArgumentParser()
@@ -54,6 +57,15 @@ def _main():
     if out:
         path = os.path.join(out, f"rank{{os.environ['RANK']}}.pt")
         torch.save(result, path)
+    # Leave without Python's shutdown. Importing torch._dynamo (DDP's
+    # constructor does) keeps a gloo group that already exists, and its
+    # threads, alive after destroy_process_group. A thread that is still
+    # freeing the last collective of backward needs the interpreter; if
+    # Python is shutting down by then, the process aborts with "terminate
+    # called without an active exception". All is saved: flush and go.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
@@ -73,8 +85,7 @@ SETUP_CALL = '''\
     try:
         rank, world_size = _dist.get_rank(), _dist.get_world_size()
         result = {name}(rank, world_size, *ARGS, **KWARGS)
-        # all done before any rank tears down its connections: a rank that
-        # left first could crash a peer still closing its own (gloo)
+        # every rank done with its collectives before any rank leaves
         _dist.barrier()
     finally:
         _dist.destroy_process_group()'''

@@ -85,6 +85,11 @@ def harness(main, out_dir) -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     torch.save(record, os.path.join(out_dir, f"rank{record['env']['RANK']}.pt"))
+    # without Python's shutdown, as exported scripts end (see the comment
+    # at the end of their entry point, ddp_teach.scripts.ENTRY_POINT)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _is_stub(fn) -> bool:

@@ -3,6 +3,7 @@ node, on two "nodes", through a SLURM job file, and after a worker is
 killed, always with dt.run's parameters; nothing is left running and
 nothing listens beyond 127.0.0.1."""
 import linecache
+import os
 import subprocess
 import sys
 import time
@@ -146,6 +147,44 @@ def test_one_node_and_two_nodes_agree_with_dt_run(notebook, tmp_path):
     assert "[node 1] [default0]:RANK=1 LOCAL_RANK=0" in two.output, \
         "on two nodes of one process, LOCAL_RANK is 0 on both"
     assert len(two.commands) == 2 and two.commands[0] == two.commands[1]
+
+
+LEFT_THREADS = """
+import os, sys
+import torch.distributed as dist, torch.nn as nn
+count = lambda: len(os.listdir("/proc/self/task"))
+before = count()
+dist.init_process_group("gloo")  # env://, one process
+if sys.argv[1] == "ddp":
+    nn.parallel.DistributedDataParallel(nn.Linear(2, 2), init_sync=False)
+dist.destroy_process_group()
+print(count() - before)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
+                    reason="counts threads in /proc/self/task (Linux only)")
+@pytest.mark.parametrize("build", ["nothing", "ddp"])
+def test_why_scripts_skip_python_shutdown(build, tmp_path):
+    """Exported scripts end with os._exit because, in the pinned torch,
+    building a DDP model (which imports torch._dynamo) keeps the gloo
+    group's threads alive after destroy_process_group: one of them can
+    still be freeing backward's last collective while Python shuts down,
+    and the process aborts. When this test fails for "ddp", torch has
+    fixed it, and the entry point can return normally again."""
+    script = tmp_path / "left.py"
+    script.write_text(LEFT_THREADS)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1",
+               MASTER_PORT=str(scripts.free_port()))
+    done = subprocess.run([sys.executable, str(script), build], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    left = int(done.stdout.split()[-1])
+    if build == "nothing":
+        assert left == 0, "destroy_process_group joins gloo's threads"
+    else:
+        assert left > 0, ("gloo's threads now end with the group: the "
+                          "os._exit in scripts.ENTRY_POINT may go")
 
 
 def test_killed_worker_restarts_and_resumes_from_checkpoint(notebook,
