@@ -69,9 +69,12 @@ MODELS = {
         "recursive_halving": lambda p, lg: (lg, (p - 1) / p, (p - 1) / p),
     },
     "broadcast": {"binomial": lambda p, lg: (lg, lg, 0.0)},
+    # one message from one rank to another (send / recv): p is 2
+    "send_recv": {"direct": lambda p, lg: (1, 1, 0.0)},
 }
 DEFAULT_ALGORITHM = {"all_reduce": "ring", "all_gather": "ring",
-                     "reduce_scatter": "ring", "broadcast": "binomial"}
+                     "reduce_scatter": "ring", "broadcast": "binomial",
+                     "send_recv": "direct"}
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,18 @@ notebook can plot "predicted" beside "simulated" and assert they agree:
 - `compute_only`: forward + backward, the step without data parallelism;
 - `naive_ddp`: after backward, one blocking all-reduce (and a division) per
   gradient, one after another;
+- `gpipe`: a pipeline step of `ddp_teach.pipeline.gpipe_step` (GPipe,
+  Huang et al. 2019), from each stage's times (`pipeline_stage`): every
+  blocking send waits for its recv and the link, so a stage idles until
+  its neighbour is ready; with equal stages and a free link the idle share
+  is GPipe's (p - 1) / (m + p - 1);
 - `bucketed_ddp`: DDP's schedule (Li et al., "PyTorch Distributed", VLDB
   2020): buckets fill in gradient-ready order, each is all-reduced as soon as
   its last gradient is ready AND the link has finished the previous bucket,
   and the step ends when backward and the last all-reduce are both done,
   then every bucket is divided by the world size.
 
-Each collective costs its alpha-beta time (`ddp_teach.cost`, ring by
+Each collective (and each message of a pipeline) costs its alpha-beta time (`ddp_teach.cost`, ring by
 default), each division the device's roofline time of reading and writing
 the gradient.
 """
@@ -24,7 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp_teach.cost import allreduce_time
+import torch.nn.functional as F
+
+from ddp_teach.cost import allreduce_time, collective_time
 from ddp_teach.ddp import FIRST_BUCKET_CAP_MB, MIB, bucket_indices
 
 
@@ -107,3 +114,107 @@ def bucketed_ddp(prof: Profile, world_size: int, bucket_cap_mb: float | None = 2
     for end, nbytes in ends:  # wait for each bucket in turn, then divide it
         finish = max(finish, end) + _divide_s(prof, nbytes)
     return forward + finish
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage on one simulated device, per micro-batch, in
+    seconds: its forward (the loss included on the last stage), its first
+    backward of a step (which creates the gradients), each later backward
+    (which adds into them), what the last stage does at the end per
+    micro-batch (reads its loss), and the bytes of the activation it sends
+    on (0 on the last stage)."""
+    forward_s: float
+    first_backward_s: float
+    backward_s: float
+    finish_s: float
+    boundary_bytes: int
+
+
+def pipeline_stage(stage: torch.nn.Module, x: torch.Tensor, micro_batches: int,
+                   simulation, *, first: bool, target=None,
+                   loss_fn=F.mse_loss) -> Stage:
+    """Time one stage of `gpipe_step` on one simulated device: `x` is one
+    micro-batch's input, `target` its labels on the last stage (None
+    elsewhere). Runs two micro-batches as `gpipe_step` does (forwards, then
+    backwards, the last first) and leaves the stage's gradients at None."""
+    from ddp_teach.sim.runtime import SimulatedRecorder
+    clock = SimulatedRecorder(0, simulation)
+    last = target is not None
+    inputs = [x.detach().clone().requires_grad_(not first) for _ in range(2)]
+    stage.zero_grad(set_to_none=True)
+    grad = None if last else torch.ones_like(stage(inputs[0]).detach())
+
+    def timed(work):
+        start = clock.now()
+        result = work()
+        return clock.now() - start, result
+
+    with clock.running():
+        forward_s, out = timed(lambda: _forward(stage, inputs[0], target,
+                                                loss_fn, micro_batches))
+        _, later = timed(lambda: _forward(stage, inputs[1], target, loss_fn,
+                                          micro_batches))
+        first_backward_s, _ = timed(lambda: later.backward(grad))
+        backward_s, _ = timed(lambda: out.backward(grad))
+        finish_s = timed(out.item)[0] if last else 0.0
+    stage.zero_grad(set_to_none=True)
+    boundary = 0 if last else out.numel() * out.element_size()
+    return Stage(forward_s, first_backward_s, backward_s, finish_s, boundary)
+
+
+def _forward(stage, x, target, loss_fn, micro_batches):
+    out = stage(x)
+    return out if target is None else loss_fn(out, target) / micro_batches
+
+
+def gpipe(stages: list, micro_batches: int, link) -> float:
+    """The step time of `gpipe_step` on len(stages) ranks: each stage's
+    program (receive, forward, send for every micro-batch; then receive,
+    backward, send, the last micro-batch first) run against the others'.
+    A send and its recv start together once both stages have reached them
+    and both links are free, and take one message's alpha-beta time."""
+    p, m = len(stages), micro_batches
+    programs = []
+    for s, stage in enumerate(stages):
+        program = []
+        for _ in range(m):
+            program += [("recv", s - 1)] if s > 0 else []
+            program += [("compute", stage.forward_s)]
+            program += [("send", s + 1)] if s < p - 1 else []
+        for k in range(m):
+            program += [("recv", s + 1)] if s < p - 1 else []
+            program += [("compute", stage.backward_s if k else stage.first_backward_s)]
+            program += [("send", s - 1)] if s > 0 else []
+        program += [("compute", m * stage.finish_s)]
+        programs.append(program)
+    return _run_programs(programs, lambda src, dst: collective_time(
+        "send_recv", stages[min(src, dst)].boundary_bytes, 2, link))
+
+
+def _run_programs(programs, message_s) -> float:
+    """Advance every stage through its program: compute runs at once; a
+    send runs when its receiver's next step is the matching recv."""
+    clock = [0.0] * len(programs)
+    link_free = [0.0] * len(programs)
+    at = [0] * len(programs)
+    moved = True
+    while moved:
+        moved = False
+        for s, program in enumerate(programs):
+            while at[s] < len(program) and program[at[s]][0] == "compute":
+                clock[s] += program[at[s]][1]
+                at[s] += 1
+                moved = True
+            if at[s] < len(program) and program[at[s]][0] == "send":
+                t = program[at[s]][1]
+                if at[t] < len(programs[t]) and programs[t][at[t]] == ("recv", s):
+                    start = max(clock[s], link_free[s], clock[t], link_free[t])
+                    clock[s] = clock[t] = link_free[s] = link_free[t] = \
+                        start + message_s(s, t)
+                    at[s] += 1
+                    at[t] += 1
+                    moved = True
+    if any(a < len(program) for a, program in zip(at, programs)):
+        raise RuntimeError("the pipeline's programs deadlock")  # our bug
+    return max(clock)

@@ -14,8 +14,9 @@ compute stream, in virtual seconds from the start of the function:
   run) first exchanges, over the same group, each rank's issue time and when
   its communication channel is free; the collective starts at the latest of
   them, lasts its alpha-beta time (`ddp_teach.cost.collective_time`) and
-  occupies the channel until then, so calls queue in issue order. Only then
-  is the real call made, so real data still moves. A blocking call moves the
+  occupies the channel until then, so calls queue in issue order. A
+  blocking send or recv does the same with its one peer. Only then is the
+  real call made, so real data still moves. A blocking call moves the
   clock to the end; an async one returns a work whose `wait()` does, and a
   future taken during backward moves it at the end of backward (when torch's
   DDP waits for its buckets).
@@ -52,6 +53,7 @@ COLLECTIVES = {
     "reduce_scatter_single": ("reduce_scatter", "input"),
     "barrier": ("all_reduce", None),
 }
+POINT_TO_POINT = {"send": "dst", "recv": "src"}  # blocking; -> the peer
 FREE_OPS = {torch.ops.aten.empty, torch.ops.aten.empty_strided,
             torch.ops.aten.empty_like, torch.ops.aten.detach,
             torch.ops.aten.lift_fresh, torch.ops.aten.alias,
@@ -120,21 +122,26 @@ class SimulatedRecorder(Recorder):
         local = self.local
         if getattr(local, "depth", 0):  # inside another recorded call
             return call(*args, **kwargs)
-        if name not in COLLECTIVES:
+        if name not in COLLECTIVES and name not in POINT_TO_POINT:
             raise NotImplementedError(
                 f"a simulated run does not model dist.{name} yet; it models "
-                f"{', '.join(sorted(COLLECTIVES))}. Run without simulate= "
-                "to use it.")
-        op, data = COLLECTIVES[name]
+                f"{', '.join(sorted([*COLLECTIVES, *POINT_TO_POINT]))}. Run "
+                "without simulate= to use it.")
         bound = _signature(call).bind(*args, **kwargs)
         bound.apply_defaults()
-        group = bound.arguments.get("group")
-        nbytes = _nbytes(bound.arguments.get(data)) if data else 0
         local.depth = 1
         try:
-            start = self._agreed_start(group)
-            end = start + collective_time(op, nbytes, dist.get_world_size(group),
-                                          self.simulation.link)
+            if name in POINT_TO_POINT:
+                op, ranks = "send_recv", 2
+                nbytes = _nbytes(bound.arguments["tensor"])
+                start = self._agreed_with_peer(name, bound.arguments)
+            else:
+                op, data = COLLECTIVES[name]
+                group = bound.arguments.get("group")
+                ranks = dist.get_world_size(group)
+                nbytes = _nbytes(bound.arguments.get(data)) if data else 0
+                start = self._agreed_start(group)
+            end = start + collective_time(op, nbytes, ranks, self.simulation.link)
             self.channel_free = end
             result = call(*args, **kwargs)  # the real data, moved for real
         finally:
@@ -145,6 +152,32 @@ class SimulatedRecorder(Recorder):
             return VirtualWork(result, end, self)
         self.wait_until(end)
         return result
+
+    def _agreed_with_peer(self, name: str, arguments) -> float:
+        """A blocking send or recv starts when both ends have issued it and
+        both channels are free, as NCCL's send and recv kernels pair up:
+        the two ranks swap their times first (two small real messages)."""
+        peer = arguments[POINT_TO_POINT[name]]
+        if peer is None or arguments.get("group_dst") is not None or \
+                arguments.get("group_src") is not None:
+            raise NotImplementedError(
+                f"a simulated dist.{name} needs its peer as a global rank "
+                f"({POINT_TO_POINT[name]}=...): a recv from any source, or "
+                "group_src / group_dst, is not modelled")
+        group = arguments.get("group")
+        self.charging = False  # bookkeeping, not the program's work
+        try:
+            mine = torch.tensor([self.clock, self.channel_free], dtype=torch.float64)
+            theirs = torch.empty_like(mine)
+            if name == "send":
+                dist.send(mine, dst=peer, group=group)
+                dist.recv(theirs, src=peer, group=group)
+            else:
+                dist.recv(theirs, src=peer, group=group)
+                dist.send(mine, dst=peer, group=group)
+            return float(torch.maximum(mine, theirs).max())
+        finally:
+            self.charging = True
 
     def _agreed_start(self, group) -> float:
         """The latest of every rank's issue time and channel-free time: when

@@ -148,14 +148,6 @@ def test_torch_ddp_is_simulated_too_and_waits_for_its_buckets():
     assert simulated[0][0] >= max(e.end for e in buckets)
 
 
-def test_a_call_the_simulator_does_not_model_is_refused_by_name():
-    def sends(rank, world_size):
-        dist.send(torch.ones(1), dst=1 - rank) if rank == 0 else dist.recv(
-            torch.ones(1), src=0)
-    with pytest.raises(dt.WorkerError, match="does not model dist.send"):
-        dt.run(sends, 2, simulate=Simulation(), timeout=20)
-
-
 def test_bad_simulate_arguments_are_refused_before_anything_starts():
     args = ("naive",)
     with pytest.raises(TypeError, match="dt.sim.Simulation"):
