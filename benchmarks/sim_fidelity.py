@@ -3,10 +3,12 @@ a lecture would draw, and how long does a learner wait for it?
 
 Model: the course's reference MLP (8 x Linear(1024, 1024) + ReLU, batch 256
 per rank), on simulated A100 80GB GPUs over two links (PCIe 4 x16 and
-NVLink 4), world sizes 2, 4 and 8. For each case the real program runs on
+NVLink 4), world sizes 2, 4 and 8, and its layers as a GPipe pipeline of 2 and 4
+stages with 1, 4 and 8 micro-batches. For each case the real program runs on
 real worker processes (`dt.run(..., simulate=)`): naive data parallelism
 (every gradient all-reduced after backward) and the course's DDP at bucket
-caps from 0.25 MB to 100 MB and one bucket. Its step time in virtual seconds
+caps from 0.25 MB to 100 MB and one bucket, or the pipeline's step
+(`dt.pipeline.gpipe_step`). Its step time in virtual seconds
 is set beside `dt.sim.predict`'s, computed from a one-device profile of the
 same model and the same device and link numbers. Target: within 2%.
 
@@ -34,6 +36,7 @@ WIDTH, DEPTH, BATCH = 1024, 8, 256
 LINKS = ("PCIe 4 x16", "NVLink 4")
 WORLD_SIZES = (2, 4, 8)
 CAPS_MB = (0.25, 1, 4, 16, 25, 100, None)
+PIPELINE_STAGES, MICRO_BATCHES = (2, 4), (1, 4, 8)
 TARGET = 0.02
 SCALE_TARGET_S = 10.0
 
@@ -81,6 +84,42 @@ def fidelity_rows():
     return rows
 
 
+def pipeline_step_seconds(rank, world_size, micro_batches):
+    """Virtual seconds of one GPipe step of the reference MLP's layers."""
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randn(BATCH, WIDTH, generator=g) for _ in range(2))
+    parts = dt.pipeline.split_layers(reference_mlp(WIDTH, DEPTH), world_size)
+    dist.barrier()
+    start = dt.tracing.now()
+    dt.pipeline.gpipe_step(torch.nn.Sequential(*parts[rank]),
+                           x if rank == 0 else None,
+                           y if rank == world_size - 1 else None,
+                           micro_batches, (BATCH // micro_batches, WIDTH))
+    return dt.tracing.now() - start
+
+
+def pipeline_rows():
+    """GPipe: the simulated step against `predict.gpipe`."""
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randn(BATCH, WIDTH, generator=g) for _ in range(2))
+    rows = []
+    for link in LINKS:
+        sim = Simulation("A100 80GB", link)
+        for stages in PIPELINE_STAGES:
+            parts = dt.pipeline.split_layers(reference_mlp(WIDTH, DEPTH), stages)
+            for m in MICRO_BATCHES:
+                result = dt.run(pipeline_step_seconds, stages, args=(m,),
+                                simulate=sim, timeout=600)
+                rows_of = BATCH // m
+                times = [predict.pipeline_stage(
+                    torch.nn.Sequential(*part), x[:rows_of], m, sim, first=s == 0,
+                    target=y[:rows_of] if s == stages - 1 else None)
+                    for s, part in enumerate(parts)]
+                rows.append((link, stages, f"GPipe, m = {m}", max(result),
+                             predict.gpipe(times, m, sim.link)))
+    return rows
+
+
 def scale_seconds() -> float:
     started = time.perf_counter()
     dt.run(step_seconds, 8, args=((25.0,), 512, 6, 64, 4),
@@ -105,13 +144,15 @@ def report(rows, scale_s: float, took_s: float) -> str:
         "same roofline and alpha-beta numbers, so agreement does not test those "
         "numbers: it tests that the real program, run on ranks, keeps to the "
         "textbook schedule (gradient-ready times, buckets queued on the link, "
-        "the wait at the end of backward).",
+        "the wait at the end of backward). *GPipe, m*: the same layers as a "
+        "pipeline of `world` stages (`dt.pipeline.gpipe_step`, m micro-batches), "
+        "against `predict.gpipe`.",
         "",
         "| link | world | variant | simulated ms | predicted ms | simulated / predicted |",
         "|---|---|---|---|---|---|",
     ]
     for link, world_size, cap, simulated, predicted in rows:
-        variant = cap if cap == "naive" else f"cap {cap}"
+        variant = cap if cap == "naive" or "GPipe" in str(cap) else f"cap {cap}"
         lines.append(f"| {link} | {world_size} | {variant} | {simulated * 1e3:.3f} "
                      f"| {predicted * 1e3:.3f} | {simulated / predicted:.4f} |")
     met = "met" if worst <= TARGET else "NOT met"
@@ -134,7 +175,7 @@ def report(rows, scale_s: float, took_s: float) -> str:
 
 def main() -> None:
     started = time.perf_counter()
-    rows = fidelity_rows()
+    rows = fidelity_rows() + pipeline_rows()
     scale_s = scale_seconds()
     text = report(rows, scale_s, time.perf_counter() - started)
     with open(os.path.join(HERE, "sim_fidelity.md"), "w") as f:

@@ -84,7 +84,9 @@ PUBLIC_NAMES = [
     ("sim.Simulation", "class"), ("sim.Device", "class"), ("sim.DEVICES", "value"),
     ("sim.LINKS", "value"), ("sim.predict.profile", "function"),
     ("sim.predict.compute_only", "function"), ("sim.predict.naive_ddp", "function"),
-    ("sim.predict.bucketed_ddp", "function"), ("tracing.now", "function"),
+    ("sim.predict.bucketed_ddp", "function"), ("sim.predict.gpipe", "function"),
+    ("sim.predict.pipeline_stage", "function"), ("models.resnet50", "function"),
+    ("tracing.now", "function"),
 ]
 KINDS = {"function": callable, "class": lambda obj: isinstance(obj, type),
          "module": lambda obj: isinstance(obj, types.ModuleType),

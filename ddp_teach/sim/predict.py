@@ -91,12 +91,15 @@ def naive_ddp(prof: Profile, world_size: int) -> float:
 
 
 def bucketed_ddp(prof: Profile, world_size: int, bucket_cap_mb: float | None = 25.0,
-                 first_bucket_cap_mb: float = FIRST_BUCKET_CAP_MB) -> float:
+                 first_bucket_cap_mb: float = FIRST_BUCKET_CAP_MB,
+                 overlap: bool = True) -> float:
     """DDP's overlapped schedule (see the module's doc), with
     `ddp_teach.ddp`'s buckets. Its gradients live in the buckets: each step
     zeroes them in forward and backward adds each new gradient into them
     (torch's DDP copies each into its bucket instead: a pass over every
-    gradient all the same), which moves every later gradient's ready time."""
+    gradient all the same), which moves every later gradient's ready time.
+    overlap=False: the same buckets, all-reduced only once backward is over
+    (the baseline against which the DDP paper measures its overlap)."""
     link, device = prof.simulation.link, prof.simulation.device
     cap = None if bucket_cap_mb is None else bucket_cap_mb * MIB
     sizes = [nbytes for _, nbytes in prof.ready]
@@ -108,7 +111,8 @@ def bucketed_ddp(prof: Profile, world_size: int, bucket_cap_mb: float | None = 2
     link_free, finish, ends = 0.0, prof.backward_s + added, []
     for bucket in bucket_indices(sizes, cap, first_bucket_cap_mb * MIB):
         nbytes = sum(sizes[i] for i in bucket)
-        start = max(max(ready[i] for i in bucket), link_free)
+        start = max(max(ready[i] for i in bucket) if overlap else finish,
+                    link_free)  # finish: the end of backward, so far
         link_free = start + allreduce_time(nbytes, world_size, link)
         ends.append((link_free, nbytes))
     for end, nbytes in ends:  # wait for each bucket in turn, then divide it
