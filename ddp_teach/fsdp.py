@@ -179,10 +179,12 @@ class FullyShardedDataParallel(nn.Module):
         unit.full = None
 
     def _pack(self, tensor):
-        """Saved for backward: a view of gathered parameters becomes a note."""
+        """Saved for backward: a view of gathered parameters becomes a note.
+        (A view is known by its base, not by its memory address: that also
+        holds on the meta device, where tensors have no memory.)"""
+        base = tensor if tensor._base is None else tensor._base
         for unit in self.units:
-            if (unit.full is not None and tensor.untyped_storage().data_ptr()
-                    == unit.full.untyped_storage().data_ptr()):
+            if unit.full is not None and base is unit.full:
                 return _SavedParamView(unit, tensor.storage_offset(),
                                        tensor.size(), tensor.stride())
         return tensor

@@ -14,12 +14,14 @@ over gloo, so every result stays real; but each rank keeps a VIRTUAL clock:
   compute stream to its end.
 
 The same program gives the same virtual times on any machine, under any
-load. `predict` gives the textbook cases from the same numbers.
+load. `predict` gives the textbook cases from the same numbers, and
+`one_rank` runs one rank of thousands in this process, on the meta device.
 """
 from dataclasses import dataclass
 
 from ddp_teach.cost import Link
 from ddp_teach.sim import predict
+from ddp_teach.sim.one_rank import one_rank
 from ddp_teach.sim.hardware import DEVICES, LINKS, Device, device, link
 
 
@@ -47,4 +49,5 @@ class Simulation:
         return f"simulated {self.device.name} + {self.link_name}"
 
 
-__all__ = ["Simulation", "Device", "DEVICES", "LINKS", "device", "link", "predict"]
+__all__ = ["Simulation", "Device", "DEVICES", "LINKS", "device", "link", "predict",
+           "one_rank"]

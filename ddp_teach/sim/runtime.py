@@ -143,9 +143,11 @@ class SimulatedRecorder(Recorder):
                 start = self._agreed_start(group)
             end = start + collective_time(op, nbytes, ranks, self.simulation.link)
             self.channel_free = end
+            self.charging = False  # what the CPU backend does inside is the link's
             result = call(*args, **kwargs)  # the real data, moved for real
         finally:
             local.depth = 0
+            self.charging = True
         self.add(getattr(local, "label", None) or name, COMM, start, end, nbytes)
         if bound.arguments.get("async_op"):
             self._pending.append(result)
@@ -165,6 +167,8 @@ class SimulatedRecorder(Recorder):
                 f"({POINT_TO_POINT[name]}=...): a recv from any source, or "
                 "group_src / group_dst, is not modelled")
         group = arguments.get("group")
+        if _is_fake(group):
+            return max(self.clock, self.channel_free)
         self.charging = False  # bookkeeping, not the program's work
         try:
             mine = torch.tensor([self.clock, self.channel_free], dtype=torch.float64)
@@ -182,6 +186,8 @@ class SimulatedRecorder(Recorder):
     def _agreed_start(self, group) -> float:
         """The latest of every rank's issue time and channel-free time: when
         the collective can start (one small real all-gather)."""
+        if _is_fake(group):  # every rank is this one: nothing to learn
+            return max(self.clock, self.channel_free)
         self.charging = False  # bookkeeping, not the program's work
         try:
             mine = torch.tensor([self.clock, self.channel_free], dtype=torch.float64)
@@ -239,6 +245,13 @@ class _ChargeEveryOp(TorchDispatchMode):
             self.recorder.compute(op_seconds(self.recorder.simulation.device,
                                              func, args, kwargs, out))
         return out
+
+
+def _is_fake(group) -> bool:
+    """True in torch's fake process group (`ddp_teach.sim.one_rank`): one
+    process stands for every rank, and all of them are assumed to issue
+    each call when it does."""
+    return dist.get_backend(group) == "fake"
 
 
 def _in_backward() -> bool:

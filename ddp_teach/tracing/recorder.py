@@ -229,6 +229,33 @@ def install(recorder: Recorder) -> Recorder:
     return _recorder
 
 
+@contextlib.contextmanager
+def recording(recorder: Recorder):
+    """`install(recorder)` for the length of a with-block, then put
+    torch.distributed and DDP back as they were: for a simulation that runs
+    in this process (`ddp_teach.sim.one_rank`) rather than in a worker."""
+    global _recorder
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if _recorder is not None:
+        raise RuntimeError("this process is already recording a trace")
+    calls = {name: (getattr(c10d, name), getattr(dist, name))
+             for name in RECORDED_CALLS}
+    ddp = {name: DDP.__dict__[name] for name in
+           ("forward", "register_comm_hook", "_register_builtin_comm_hook")}
+    install(recorder)
+    try:
+        yield recorder
+    finally:
+        _recorder = None
+        for name, (in_c10d, in_dist) in calls.items():
+            setattr(c10d, name, in_c10d)
+            setattr(dist, name, in_dist)
+        for name, method in ddp.items():
+            setattr(DDP, name, method)
+
+
 def _recorded(name: str, original):
     @functools.wraps(original)
     def recorded(*args, **kwargs):
