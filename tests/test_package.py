@@ -86,6 +86,7 @@ PUBLIC_NAMES = [
     ("sim.predict.compute_only", "function"), ("sim.predict.naive_ddp", "function"),
     ("sim.predict.bucketed_ddp", "function"), ("sim.predict.gpipe", "function"),
     ("sim.predict.pipeline_stage", "function"), ("models.resnet50", "function"),
+    ("sim.one_rank", "function"),
     ("tracing.now", "function"),
 ]
 KINDS = {"function": callable, "class": lambda obj: isinstance(obj, type),
