@@ -86,7 +86,8 @@ PUBLIC_NAMES = [
     ("sim.predict.compute_only", "function"), ("sim.predict.naive_ddp", "function"),
     ("sim.predict.bucketed_ddp", "function"), ("sim.predict.gpipe", "function"),
     ("sim.predict.pipeline_stage", "function"), ("models.resnet50", "function"),
-    ("sim.one_rank", "function"),
+    ("sim.one_rank", "function"), ("sim.predict.zero3", "function"),
+    ("sim.predict.zero3_profile", "function"),
     ("tracing.now", "function"),
 ]
 KINDS = {"function": callable, "class": lambda obj: isinstance(obj, type),

@@ -15,6 +15,9 @@ notebook can plot "predicted" beside "simulated" and assert they agree:
   blocking send waits for its recv and the link, so a stage idles until
   its neighbour is ready; with equal stages and a free link the idle share
   is GPipe's (p - 1) / (m + p - 1);
+- `zero3`: a ZeRO-3 step of `ddp_teach.fsdp` on any link, with and
+  without prefetching, from the order and compute of one step traced on a
+  free link (`zero3_profile`);
 - `bucketed_ddp`: DDP's schedule (Li et al., "PyTorch Distributed", VLDB
   2020): buckets fill in gradient-ready order, each is all-reduced as soon as
   its last gradient is ready AND the link has finished the previous bucket,
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_teach.cost import allreduce_time, collective_time
+from ddp_teach.tracing.events import COMPUTE
 from ddp_teach.ddp import FIRST_BUCKET_CAP_MB, MIB, bucket_indices
 
 
@@ -221,3 +225,53 @@ def _run_programs(programs, message_s) -> float:
     if any(a < len(program) for a, program in zip(at, programs)):
         raise RuntimeError("the pipeline's programs deadlock")  # our bug
     return max(clock)
+
+
+def zero3_profile(step, world_size: int, simulation, args=()):
+    """Rank 0's timeline of `step(rank, world_size, *args)` (a
+    `ddp_teach.fsdp` step after a barrier, prefetch off) on a free link:
+    the compute between the collectives, in order, with their bytes."""
+    from ddp_teach.cost import Link
+    from ddp_teach.sim import Simulation
+    from ddp_teach.sim.one_rank import one_rank
+    free = Simulation(simulation.device, Link(0.0, 0.0))
+    return one_rank(step, world_size, free, args)[1].after_last_barrier()
+
+
+def zero3(profile, world_size: int, link, prefetch: bool = False) -> float:
+    """The step time of the traced ZeRO-3 step on `link`: every all-gather
+    and reduce-scatter blocks the rank for its alpha-beta time; with
+    `prefetch`, a unit's backward all-gather is issued as soon as the
+    previous unit's has arrived (backward order: the reverse of forward's),
+    so it runs on the link while that unit computes, and the reduce-scatter
+    after that compute queues behind it (Zhao et al., "PyTorch FSDP", VLDB
+    2023, section 3.3: backward prefetching)."""
+    clock = link_free = 0.0
+    nbytes, pending, regathered, in_backward = {}, {}, set(), False
+
+    def on_link(op, size):
+        nonlocal link_free
+        link_free = max(clock, link_free) + collective_time(op, size, world_size,
+                                                            link)
+        return link_free
+
+    for event in profile:
+        if event.kind == COMPUTE:
+            clock += event.duration
+            in_backward = in_backward or event.name == "backward"
+            continue
+        unit, op = event.name.removeprefix("unit ").rsplit(" ", 1)
+        if op == "reduce-scatter":
+            clock = on_link("reduce_scatter", event.nbytes)
+        elif not in_backward:
+            nbytes[unit] = event.nbytes  # forward: the order of the units
+            clock = on_link("all_gather", event.nbytes)
+        else:
+            clock = (max(clock, pending.pop(unit)) if unit in pending
+                     else on_link("all_gather", event.nbytes))
+            regathered.add(unit)
+            backward_order = list(nbytes)[::-1]
+            after = backward_order[backward_order.index(unit) + 1:]
+            if prefetch and after and after[0] not in regathered | set(pending):
+                pending[after[0]] = on_link("all_gather", nbytes[after[0]])
+    return max([clock, *pending.values()])

@@ -152,7 +152,8 @@ class SimulatedRecorder(Recorder):
         if bound.arguments.get("async_op"):
             self._pending.append(result)
             return VirtualWork(result, end, self)
-        self.wait_until(end)
+        self._close_stretch()  # compute before a blocking call is its own
+        self.wait_until(end)   # event, even where the call takes no time
         return result
 
     def _agreed_with_peer(self, name: str, arguments) -> float:

@@ -152,8 +152,8 @@ class Timeline:
         for e in self.events:
             if e.name == "barrier":
                 cut[e.rank] = max(cut.get(e.rank, e.end), e.end)
-        return Timeline((e for e in self.events if e.start >= cut.get(e.rank, 0.0)),
-                        self.clock)
+        return Timeline((e for e in self.events if e.start >= cut.get(e.rank, 0.0)
+                         and e.name != "barrier"), self.clock)  # (one of no length)
 
     def _intervals(self, rank: int, kind: str) -> list[Interval]:
         return [(e.start, e.end) for e in self.events
