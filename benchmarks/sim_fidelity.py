@@ -4,7 +4,8 @@ a lecture would draw, and how long does a learner wait for it?
 Model: the course's reference MLP (8 x Linear(1024, 1024) + ReLU, batch 256
 per rank), on simulated A100 80GB GPUs over two links (PCIe 4 x16 and
 NVLink 4), world sizes 2, 4 and 8, and its layers as a GPipe pipeline of 2 and 4
-stages with 1, 4 and 8 micro-batches. For each case the real program runs on
+stages with 1, 4 and 8 micro-batches, and ZeRO-3 (`dt.fsdp`, with and
+without prefetch) at 8, 64 and 1024 ranks. For each case the real program runs on
 real worker processes (`dt.run(..., simulate=)`): naive data parallelism
 (every gradient all-reduced after backward) and the course's DDP at bucket
 caps from 0.25 MB to 100 MB and one bucket, or the pipeline's step
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 
 import ddp_teach as dt
 from ddp_teach.models import reference_mlp
-from ddp_teach.sim import Simulation, predict
+from ddp_teach.sim import Simulation, one_rank, predict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WIDTH, DEPTH, BATCH = 1024, 8, 256
@@ -37,6 +38,7 @@ LINKS = ("PCIe 4 x16", "NVLink 4")
 WORLD_SIZES = (2, 4, 8)
 CAPS_MB = (0.25, 1, 4, 16, 25, 100, None)
 PIPELINE_STAGES, MICRO_BATCHES = (2, 4), (1, 4, 8)
+ZERO3_WORLD_SIZES = (8, 64, 1024)
 TARGET = 0.02
 SCALE_TARGET_S = 10.0
 
@@ -120,6 +122,34 @@ def pipeline_rows():
     return rows
 
 
+def zero3_step(rank, world_size, prefetch=False):
+    """One step of the course's ZeRO-3 on the reference MLP, on meta."""
+    with torch.device("meta"):
+        model = dt.fsdp.FullyShardedDataParallel(reference_mlp(WIDTH, DEPTH),
+                                                 prefetch=prefetch)
+        x = torch.randn(BATCH, WIDTH)
+    dist.barrier()
+    model(x).square().mean().backward()
+
+
+def zero3_rows():
+    """ZeRO-3, one rank of many in this process (`one_rank`), against
+    `predict.zero3`."""
+    rows = []
+    for link in LINKS:
+        sim = Simulation("A100 80GB", link)
+        for world_size in ZERO3_WORLD_SIZES:
+            profile = predict.zero3_profile(zero3_step, world_size, sim)
+            for prefetch in (False, True):
+                step = one_rank(zero3_step, world_size, sim,
+                                args=(prefetch,))[1].after_last_barrier()
+                simulated = max(e.end for e in step) - min(e.start for e in step)
+                rows.append((link, world_size, f"ZeRO-3, prefetch {prefetch}",
+                             simulated,
+                             predict.zero3(profile, world_size, sim.link, prefetch)))
+    return rows
+
+
 def scale_seconds() -> float:
     started = time.perf_counter()
     dt.run(step_seconds, 8, args=((25.0,), 512, 6, 64, 4),
@@ -146,13 +176,15 @@ def report(rows, scale_s: float, took_s: float) -> str:
         "textbook schedule (gradient-ready times, buckets queued on the link, "
         "the wait at the end of backward). *GPipe, m*: the same layers as a "
         "pipeline of `world` stages (`dt.pipeline.gpipe_step`, m micro-batches), "
-        "against `predict.gpipe`.",
+        "against `predict.gpipe`. *ZeRO-3*: the course's `dt.fsdp` on the same "
+        "MLP, rank 0 of `world` in one process (`dt.sim.one_rank`, meta "
+        "tensors), against `predict.zero3`.",
         "",
         "| link | world | variant | simulated ms | predicted ms | simulated / predicted |",
         "|---|---|---|---|---|---|",
     ]
     for link, world_size, cap, simulated, predicted in rows:
-        variant = cap if cap == "naive" or "GPipe" in str(cap) else f"cap {cap}"
+        variant = cap if cap == "naive" or " " in str(cap) else f"cap {cap}"
         lines.append(f"| {link} | {world_size} | {variant} | {simulated * 1e3:.3f} "
                      f"| {predicted * 1e3:.3f} | {simulated / predicted:.4f} |")
     met = "met" if worst <= TARGET else "NOT met"
@@ -175,7 +207,7 @@ def report(rows, scale_s: float, took_s: float) -> str:
 
 def main() -> None:
     started = time.perf_counter()
-    rows = fidelity_rows() + pipeline_rows()
+    rows = fidelity_rows() + pipeline_rows() + zero3_rows()
     scale_s = scale_seconds()
     text = report(rows, scale_s, time.perf_counter() - started)
     with open(os.path.join(HERE, "sim_fidelity.md"), "w") as f:
