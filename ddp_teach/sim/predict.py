@@ -34,9 +34,9 @@ import torch
 
 import torch.nn.functional as F
 
-from ddp_teach.cost import allreduce_time, collective_time
-from ddp_teach.tracing.events import COMPUTE
+from ddp_teach.cost import Link, allreduce_time, collective_time
 from ddp_teach.ddp import FIRST_BUCKET_CAP_MB, MIB, bucket_indices
+from ddp_teach.tracing.events import COMPUTE
 
 
 @dataclass(frozen=True)
@@ -231,8 +231,7 @@ def zero3_profile(step, world_size: int, simulation, args=()):
     """Rank 0's timeline of `step(rank, world_size, *args)` (a
     `ddp_teach.fsdp` step after a barrier, prefetch off) on a free link:
     the compute between the collectives, in order, with their bytes."""
-    from ddp_teach.cost import Link
-    from ddp_teach.sim import Simulation
+    from ddp_teach.sim import Simulation  # (the package imports this module)
     from ddp_teach.sim.one_rank import one_rank
     free = Simulation(simulation.device, Link(0.0, 0.0))
     return one_rank(step, world_size, free, args)[1].after_last_barrier()
@@ -244,8 +243,8 @@ def zero3(profile, world_size: int, link, prefetch: bool = False) -> float:
     `prefetch`, a unit's backward all-gather is issued as soon as the
     previous unit's has arrived (backward order: the reverse of forward's),
     so it runs on the link while that unit computes, and the reduce-scatter
-    after that compute queues behind it (Zhao et al., "PyTorch FSDP", VLDB
-    2023, section 3.3: backward prefetching)."""
+    after that compute queues behind it (backward prefetching: Zhao et al.,
+    "PyTorch FSDP", VLDB 2023)."""
     clock = link_free = 0.0
     nbytes, pending, regathered, in_backward = {}, {}, set(), False
 
