@@ -31,3 +31,31 @@ def test_prefetch_makes_a_simulated_zero3_step_faster_with_the_same_gradients(li
     assert max(t for t, _ in with_prefetch) < max(t for t, _ in without)
     for (_, a), (_, b) in zip(with_prefetch, without):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def fsdp2_step(rank, world_size):
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    x = torch.randn(32, 256, generator=torch.Generator().manual_seed(rank))
+    for _ in range(2):
+        dist.barrier()
+        model(x).square().mean().backward()
+    return [p.grad.to_local().clone() for p in model.parameters()]
+
+
+def test_torch_fsdp2_runs_simulated_with_its_gathers_and_scatters_on_the_link():
+    sim = dt.sim.Simulation("A100 80GB", "PCIe 4 x16")
+    simulated = dt.run(fsdp2_step, 2, simulate=sim)
+    real = dt.run(fsdp2_step, 2)
+    for got, want in zip(simulated, real):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    step = simulated.timeline.after_last_barrier()
+    names = [e.name for e in step.for_rank(0) if e.kind == "comm"]
+    assert names.count("all_gather_single") >= 8, "each layer, forward and backward"
+    assert names.count("reduce_scatter_single") == 4, "each layer's gradients"
+    again = dt.run(fsdp2_step, 2, simulate=sim).timeline.after_last_barrier()
+    assert [(e.start, e.end) for e in again] == [(e.start, e.end) for e in step]
