@@ -20,9 +20,13 @@ parallel_apply.py, data_parallel.py) only accept CUDA devices. The versions
 here follow the same ideas in our own small code and also accept "virtual"
 CPU devices: `devices=["cpu"] * 3` means three devices, each a thread on the
 CPU, labelled "cpu:0", "cpu:1", "cpu:2" in messages. CUDA devices
-(`["cuda:0", "cuda:1"]`) work too. The cost the course measures is visible
-in `DataParallel.forward`: the module is replicated again on every call.
+(`["cuda:0", "cuda:1"]`) work too, and so do the simulated GPUs of
+`ddp_teach.sim.SimulatedGPUs`, whose devices bring their own copies
+(`receive`) and thread set-up (`threads`, `running`), so that the same code
+runs in their virtual time. The cost the course measures is visible in
+`DataParallel.forward`: the module is replicated again on every call.
 """
+import contextlib
 import threading
 import traceback
 
@@ -39,12 +43,40 @@ def _device(device) -> torch.device:
     return torch.device("cpu") if device.type == "cpu" else device
 
 
+def _move(tensor: torch.Tensor, device, label: str, grad_label: str,
+          copy: bool = False) -> torch.Tensor:
+    """`tensor` on `device`, differentiably. `label` names the copy (and
+    `grad_label` its gradient's way back) on a simulated GPU's timeline."""
+    if hasattr(device, "receive"):
+        return device.receive(tensor, label, grad_label)
+    return tensor.to(_device(device), copy=copy)
+
+
+def _threads_for(devices):
+    """Around the lifetime of parallel_apply's threads (simulated GPUs
+    schedule them; other devices need nothing)."""
+    first = devices[0] if devices else None
+    return first.threads(devices) if hasattr(first, "threads") else \
+        contextlib.nullcontext()
+
+
+def _inside_thread(device):
+    """What a replica's thread enters to run on `device`."""
+    if hasattr(device, "running"):
+        return device.running()
+    device = _device(device)
+    return torch.cuda.device(device) if device.type == "cuda" else \
+        contextlib.nullcontext()
+
+
 def _labels(devices) -> list[str]:
     """Names for messages: the i-th plain "cpu" entry is called "cpu:i"."""
     out = []
     for i, d in enumerate(devices):
-        d = torch.device(d)
-        out.append(f"cpu:{i}" if d.type == "cpu" and d.index is None else str(d))
+        if not hasattr(d, "receive"):  # a simulated GPU names itself
+            d = torch.device(d)
+        out.append(f"cpu:{i}" if getattr(d, "type", None) == "cpu" and d.index is None
+                   else str(d))
     return out
 
 
@@ -65,14 +97,14 @@ def scatter(inputs, devices, dim=0) -> list:
     has as many pieces as the SHORTEST split, so fewer than len(devices)
     when the batch is small.
     """
-    devices = [_device(d) for d in devices]
     if not devices:
         raise ValueError("scatter needs at least one device")
 
     def split(obj) -> list:
         if isinstance(obj, torch.Tensor):
             chunks = obj.chunk(len(devices), dim)
-            return [c.to(d) for c, d in zip(chunks, devices)]
+            return [_move(c, d, "scatter", "input grads")
+                    for c, d in zip(chunks, devices)]
         if isinstance(obj, (tuple, list)) and len(obj) > 0:
             per_item = [split(item) for item in obj]  # item -> pieces
             pieces = list(zip(*per_item))             # piece -> items
@@ -110,10 +142,10 @@ def replicate(module: nn.Module, devices) -> list[nn.Module]:
     DataParallel lets the replica on device_ids[0] share buffers with the
     original, so its running-statistics updates survive; ours do not.)
     """
-    return [_copy_module(module, _device(d), {}) for d in devices]
+    return [_copy_module(module, d, {}) for d in devices]
 
 
-def _copy_module(module: nn.Module, device: torch.device, memo: dict) -> nn.Module:
+def _copy_module(module: nn.Module, device, memo: dict) -> nn.Module:
     """Copy one module (and, recursively, its children) for `device`."""
     if id(module) in memo:
         return memo[id(module)]
@@ -121,13 +153,15 @@ def _copy_module(module: nn.Module, device: torch.device, memo: dict) -> nn.Modu
     memo[id(module)] = replica
     for name, param in module._parameters.items():
         if param is not None and id(param) not in memo:
-            memo[id(param)] = param.to(device, copy=True)  # differentiable
+            memo[id(param)] = _move(param, device, "replicate", "reduce grads",
+                                    copy=True)  # differentiable
         # a plain attribute, not a Parameter: forward reads it as self.<name>
         object.__setattr__(replica, name, None if param is None else memo[id(param)])
     buffers = {}
     for name, buf in module._buffers.items():
         if buf is not None and id(buf) not in memo:
-            memo[id(buf)] = buf.detach().to(device, copy=True)
+            memo[id(buf)] = _move(buf.detach(), device, "replicate", "",
+                                  copy=True)
         buffers[name] = None if buf is None else memo[id(buf)]
     replica._buffers = buffers
     replica._modules = {name: None if child is None else _copy_module(child, device, memo)
@@ -144,7 +178,8 @@ def parallel_apply(replicas, inputs, devices) -> list:
     side by side (and have distinct `threading.get_ident()`s).
     Autograd's grad mode is thread-local, so the caller's
     `torch.is_grad_enabled()` is set again inside each thread; on CUDA the
-    thread also selects its device. If a replica raises, the caller gets a
+    thread also selects its device (and a simulated GPU charges the
+    thread's operations to its own clock). If a replica raises, the caller gets a
     RuntimeError naming the replica index and device with the original
     traceback text, chained from the original exception
     (cf. torch/nn/parallel/parallel_apply.py and its ExceptionWrapper).
@@ -162,24 +197,21 @@ def parallel_apply(replicas, inputs, devices) -> list:
     def work(i, replica, args, device):
         go.wait()
         try:
-            with torch.set_grad_enabled(grad_enabled):
-                if device.type == "cuda":
-                    with torch.cuda.device(device):
-                        results[i] = replica(*args) if isinstance(args, tuple) else replica(args)
-                else:
-                    results[i] = replica(*args) if isinstance(args, tuple) else replica(args)
+            with torch.set_grad_enabled(grad_enabled), _inside_thread(device):
+                results[i] = replica(*args) if isinstance(args, tuple) else replica(args)
         except BaseException as exc:  # reported to the caller below
             errors[i] = (exc, traceback.format_exc())
 
-    threads = [threading.Thread(target=work, args=(i, r, x, _device(d)), name=f"replica-{i}")
+    threads = [threading.Thread(target=work, args=(i, r, x, d), name=f"replica-{i}")
                for i, (r, x, d) in enumerate(zip(replicas, inputs, devices))]
-    try:
+    with _threads_for(devices):
+        try:
+            for t in threads:
+                t.start()
+        finally:
+            go.set()
         for t in threads:
-            t.start()
-    finally:
-        go.set()
-    for t in threads:
-        t.join()
+            t.join()
     for i, error in enumerate(errors):
         if error is not None:
             exc, text = error
@@ -198,10 +230,9 @@ def gather(outputs, target, dim=0):
     element-wise; None stays None; any other value comes back as the list
     of per-device values (cf. torch/nn/parallel/scatter_gather.py).
     """
-    target = _device(target)
     first = outputs[0]
     if isinstance(first, torch.Tensor):
-        moved = [o.to(target) for o in outputs]
+        moved = [_move(o, target, "gather", "output grads") for o in outputs]
         if first.dim() == 0:
             return torch.stack(moved)
         return torch.cat(moved, dim)

@@ -87,7 +87,7 @@ PUBLIC_NAMES = [
     ("sim.predict.bucketed_ddp", "function"), ("sim.predict.gpipe", "function"),
     ("sim.predict.pipeline_stage", "function"), ("models.resnet50", "function"),
     ("sim.one_rank", "function"), ("sim.predict.zero3", "function"),
-    ("sim.predict.zero3_profile", "function"),
+    ("sim.predict.zero3_profile", "function"), ("sim.SimulatedGPUs", "class"),
     ("tracing.now", "function"),
 ]
 KINDS = {"function": callable, "class": lambda obj: isinstance(obj, type),

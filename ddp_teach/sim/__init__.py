@@ -16,11 +16,14 @@ over gloo, so every result stays real; but each rank keeps a VIRTUAL clock:
 The same program gives the same virtual times on any machine, under any
 load. `predict` gives the textbook cases from the same numbers, and
 `one_rank` runs one rank of thousands in this process, on the meta device.
+`SimulatedGPUs` gives ONE process several simulated devices, for
+DataParallel (`ddp_teach.dp`), whose threads share Python's GIL.
 """
 from dataclasses import dataclass
 
 from ddp_teach.cost import Link
 from ddp_teach.sim import predict
+from ddp_teach.sim.gpus import SimulatedGPUs
 from ddp_teach.sim.one_rank import one_rank
 from ddp_teach.sim.hardware import DEVICES, LINKS, Device, device, link
 
@@ -50,4 +53,4 @@ class Simulation:
 
 
 __all__ = ["Simulation", "Device", "DEVICES", "LINKS", "device", "link", "predict",
-           "one_rank"]
+           "one_rank", "SimulatedGPUs"]

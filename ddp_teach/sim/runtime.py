@@ -97,7 +97,7 @@ class SimulatedRecorder(Recorder):
     def compute(self, seconds: float) -> None:
         """Run `seconds` of work on the compute stream, in the current phase."""
         phase = ("optimizer" if self.in_optimizer else "backward"
-                 if _in_backward() else "forward")
+                 if in_backward() else "forward")
         start, self.clock = self.clock, self.clock + seconds
         stretch = self._stretch
         if stretch and stretch[0] == phase and stretch[2] == start:
@@ -220,7 +220,7 @@ class VirtualWork:
 
     def get_future(self):
         end, recorder = self._end, self._recorder
-        if _in_backward():  # torch's DDP waits
+        if in_backward():  # torch's DDP waits
             torch.autograd.Variable._execution_engine.queue_callback(  # at the
                 lambda: recorder.wait_until(end))                      # end
         else:
@@ -255,7 +255,7 @@ def _is_fake(group) -> bool:
     return dist.get_backend(group) == "fake"
 
 
-def _in_backward() -> bool:
+def in_backward() -> bool:
     """True while the autograd engine runs a backward pass, its final
     callbacks (where DDP finishes its buckets) included."""
     return torch._C._current_graph_task_id() != -1

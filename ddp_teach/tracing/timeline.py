@@ -114,10 +114,15 @@ def _legend(ax, emulated: bool, phases=()) -> None:
 class Timeline:
     """The events of a run, sorted by (rank, start), with analysis and drawing."""
 
-    def __init__(self, events: Iterable[Event], clock: str | None = None):
+    def __init__(self, events: Iterable[Event], clock: str | None = None,
+                 lane: str = "rank"):
         """clock: None for real time, else what the times simulate (e.g.
-        "simulated A100 80GB + NVLink 4"), which every plot then says."""
+        "simulated A100 80GB + NVLink 4"), which every plot then says.
+        lane: what an event's `rank` number names in tables and plots:
+        "rank" (a process), or "device" (ddp_teach.sim.gpus, where one
+        process drives several GPUs)."""
         self.clock = clock
+        self.lane = lane
         self.events = sorted(events, key=lambda e: (e.rank, e.start))
         unknown = {e.kind for e in self.events} - {COMPUTE, COMM}
         if unknown:
@@ -132,7 +137,7 @@ class Timeline:
         return iter(self.events)
 
     def __repr__(self) -> str:
-        return f"Timeline({len(self)} events, ranks {self.ranks})"
+        return f"Timeline({len(self)} events, {self.lane}s {self.ranks})"
 
     def for_rank(self, rank: int) -> "Timeline":
         return self.filter(rank=rank)
@@ -143,7 +148,7 @@ class Timeline:
         return Timeline((e for e in self.events
                          if (kind is None or e.kind == kind)
                          and (name is None or e.name == name)
-                         and (rank is None or e.rank == rank)), self.clock)
+                         and (rank is None or e.rank == rank)), self.clock, self.lane)
 
     def after_last_barrier(self) -> "Timeline":
         """Each rank's events after its last `barrier`: the measured step,
@@ -153,7 +158,7 @@ class Timeline:
             if e.name == "barrier":
                 cut[e.rank] = max(cut.get(e.rank, e.end), e.end)
         return Timeline((e for e in self.events if e.start >= cut.get(e.rank, 0.0)
-                         and e.name != "barrier"), self.clock)  # (one of no length)
+                         and e.name != "barrier"), self.clock, self.lane)  # (one of no length)
 
     def _intervals(self, rank: int, kind: str) -> list[Interval]:
         return [(e.start, e.end) for e in self.events
@@ -204,11 +209,12 @@ class Timeline:
         columns = [("span", "span_s"), ("compute", "compute_s"), ("comm", "comm_s"),
                    ("overlap", "overlap_s"), ("exposed", "exposed_comm_s"),
                    ("idle", "idle_s"), ("emulated", "emulated_s")]
-        lines = ["rank" + "".join(f"{title + ' ms':>13}" for title, _ in columns)
+        width = max(4, len(self.lane))
+        lines = [f"{self.lane:>{width}}" + "".join(f"{title + ' ms':>13}" for title, _ in columns)
                  + f"{'overlap %':>11}"]
         overlap = self.overlap()
         for rank, row in self.summary().items():
-            lines.append(f"{rank:>4}" + "".join(f"{row[key] * MS:>13.2f}" for _, key in columns)
+            lines.append(f"{rank:>{width}}" + "".join(f"{row[key] * MS:>13.2f}" for _, key in columns)
                          + f"{overlap[rank] * 100:>11.1f}")
         return "\n".join(lines)
 
@@ -225,9 +231,9 @@ class Timeline:
         _legend(ax, emulated=self._has_emulation(), phases=self._phases())
         ax.set_xlabel(self._time_label("time (ms)"))
         if title is None and self._unmarked():
-            title = f"{len(self.ranks)} ranks · {NO_COMPUTE}"
+            title = f"{len(self.ranks)} {self.lane}s · {NO_COMPUTE}"
         ax.set_title(title if title is not None else
-                     f"{len(self.ranks)} ranks · communication hidden behind "
+                     f"{len(self.ranks)} {self.lane}s · communication hidden behind "
                      f"compute: {self.mean_overlap():.0%} (mean overlap)",
                      wrap=True)
         return ax.figure
@@ -291,7 +297,7 @@ class Timeline:
                     color=EMULATED_COLOR, hatch="////", hatchcolor=COLORS[COMM], linewidth=0)
         self._label_wide_bars(ax, bars, origin, end_ms)
         ax.set_yticks(list(lane_y.values()),
-                      [f"rank {rank} {kind}" for rank, kind in lane_y])
+                      [f"{self.lane} {rank} {kind}" for rank, kind in lane_y])
         ax.set_ylim(max(lane_y.values(), default=1) + 0.75, -0.75)  # rank 0 on top
         ax.set_xlim(0, end_ms * 1.01 or 1)
         for index in range(1, len(self.ranks)):
