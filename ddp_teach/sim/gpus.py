@@ -40,7 +40,7 @@ launch cost is in each kernel's `launch_s`).
 import contextlib
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
@@ -113,6 +113,7 @@ class SimulatedGPUs:
         self._tags = WeakTensorKeyDictionary()  # tensor -> device index
         self._events: list[Event] = []
         self._stretches: dict = {}  # device -> [phase, start, end]
+        self._last_copy: dict = {}  # device -> index in _events of its last copy
         self._in_optimizer = 0
         self._hooks = []
 
@@ -238,6 +239,20 @@ class SimulatedGPUs:
         if func is torch.ops.aten._local_scalar_dense.default:  # .item() waits
             host.clock = max(host.clock, end)
 
+    def _add_copy(self, event: Event) -> None:
+        """Record a copy; one that follows the same kind of copy between the
+        same devices without a gap extends it (the parameters of one
+        replicate are one bar)."""
+        last = self._last_copy.get(event.rank)
+        if last is not None:
+            before = self._events[last]
+            if before.name == event.name and before.end == event.start:
+                self._events[last] = replace(before, end=event.end,
+                                             nbytes=before.nbytes + event.nbytes)
+                return
+        self._last_copy[event.rank] = len(self._events)
+        self._events.append(event)
+
     def _close_stretch(self, device: int) -> None:
         if device in self._stretches:
             phase, start, end = self._stretches.pop(device)
@@ -263,8 +278,8 @@ class SimulatedGPUs:
             self._ports[source] = self._ports[target] = end
             self._streams[target] = max(self._streams[target], end)
             name = f"{label} {source}\u2192{target}"
-            self._events += [Event(d, name, COMM, start, end, nbytes)
-                             for d in (source, target)]
+            for d in (source, target):
+                self._add_copy(Event(d, name, COMM, start, end, nbytes))
         self._tags[copy] = target
         with self._turns:
             self._turns.notify_all()

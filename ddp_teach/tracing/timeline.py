@@ -308,7 +308,7 @@ class Timeline:
         return end_ms
 
     def _label_wide_bars(self, ax, bars, origin: float, end_ms: float,
-                         max_events: int = 60, fontsize: float = 7) -> None:
+                         max_events: int = 120, fontsize: float = 7) -> None:
         """Write names inside bars wide enough to hold them, when bars are few."""
         if len(bars) > max_events or end_ms <= 0:
             return

@@ -79,7 +79,9 @@ def test_replicate_and_the_gradient_reduction_queue_on_device_0s_port():
     device0 = gpus.timeline.for_rank(0).filter(kind=COMM)
     for name in ("replicate", "reduce grads"):
         copies = [e for e in device0 if e.name.startswith(name)]
-        assert len(copies) == (n - 1) * len(params)  # none to device 0 itself
+        between = [(0, d) if name == "replicate" else (d, 0) for d in range(1, n)]
+        assert {e.name for e in copies} == {  # none to device 0 itself
+            f"{name} {a}\u2192{b}" for a, b in between}
         assert sum(e.duration for e in copies) == pytest.approx((n - 1) * one_copy)
     busy = sorted((e.start, e.end) for e in device0)
     assert all(a[1] <= b[0] + 1e-15 for a, b in zip(busy, busy[1:]))  # one at a time

@@ -196,7 +196,7 @@ def test_plot_labels_bars_only_when_events_are_few():
     few = Timeline(ddp_step(0) + ddp_step(1)).plot().axes[0]
     assert "forward" in [t.get_text() for t in few.texts]
     assert "optimizer.step" not in [t.get_text() for t in few.texts]  # 3 ms: too narrow
-    wide_but_many = Timeline([compute(0, 0, 1, "forward")] * 61).plot().axes[0]
+    wide_but_many = Timeline([compute(0, 0, 1, "forward")] * 121).plot().axes[0]
     assert len(wide_but_many.texts) == 0
 
 
