@@ -91,6 +91,20 @@ def _expected_grads(world_size):
     return [t / world_size for t in total]
 
 
+class _Watched:
+    """A work that notes whether anyone waited for it."""
+
+    def __init__(self, work):
+        self._work, self.waited = work, False
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
 def _hook_on_ranks(rank, world_size, make_hook):
     model, pending = _model(), []
     hook = attempt(make_hook, pending)
@@ -99,12 +113,27 @@ def _hook_on_ranks(rank, world_size, make_hook):
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(hook)
     before = [p.detach().clone() for p in model.parameters()]
-    model(_batch(rank)).square().mean().backward()
+    works, all_reduce = [], dist.all_reduce
+
+    def watched_all_reduce(*args, **kwargs):  # notes a wait() inside backward
+        work = all_reduce(*args, **kwargs)
+        if work is not None:
+            works.append(_Watched(work))
+            return works[-1]
+        return work
+
+    dist.all_reduce = watched_all_reduce
+    try:
+        model(_batch(rank)).square().mean().backward()
+    finally:
+        dist.all_reduce = all_reduce
     launched, blocking = len(pending), sum(w is None for _, w in pending)
+    waited_in_backward = any(w.waited for w in works)
     for _, work in pending:
         if work is not None:
             work.wait()
     return {"launched": launched, "blocking": blocking,
+            "waited_in_backward": waited_in_backward,
             "params_changed": any(not torch.equal(p, b) for p, b in
                                   zip(model.parameters(), before)),
             "grads": [p.grad / world_size for p in model.parameters()]}
@@ -125,6 +154,13 @@ def check_grad_hook(fn) -> Verdict:
                            "the end inside backward.\nHint: pass "
                            "async_op=True, so the sum travels while backward "
                            "computes the next gradients.")
+        if seen["waited_in_backward"]:
+            return Verdict(WRONG, "the hook waited for its all-reduce "
+                           "(work.wait()) before backward went on: backward "
+                           "stood still until the sum arrived, as with a "
+                           "blocking call, so nothing overlapped.\nHint: the "
+                           "hook only starts the all-reduce and appends "
+                           "(param, work); the finishing step waits.")
         if seen["params_changed"]:
             return Verdict(WRONG, "the parameters changed.\nHint: all-reduce "
                            "param.grad, not the parameter itself.")
@@ -140,20 +176,6 @@ def check_grad_hook(fn) -> Verdict:
                            "(in place), once per parameter.")
     return Verdict(CORRECT, "async all-reduces started in backward, one per "
                             f"parameter, on {WORLD_SIZES} ranks.")
-
-
-class _Watched:
-    """A work that notes whether anyone waited for it."""
-
-    def __init__(self, work):
-        self._work, self.waited = work, False
-
-    def wait(self, *args, **kwargs):
-        self.waited = True
-        return self._work.wait(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
 
 
 def _finish_on_ranks(rank, world_size, finish):

@@ -4,7 +4,8 @@ The sampler's split is checked against torch's own DistributedSampler, here
 in the kernel; the synced batch statistics and the accumulation with
 `no_sync` run on real workers. As elsewhere, a wrong answer is compared
 with what each typical mistake would produce (blocks instead of a
-round-robin deal, no padding, the epoch ignored; local or unweighted
+round-robin deal, no padding or padding only once when the padding is
+longer than the dataset, the epoch ignored; local or unweighted
 statistics, the unbiased variance; every micro-batch all-reduced, none, or
 the loss not divided) so that the hint names it.
 """
@@ -18,7 +19,9 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
 SAMPLER_CASES = [(10, 3, shuffle, epoch, drop_last)
                  for shuffle in (False, True) for epoch in (0, 1)
                  for drop_last in (False, True)] + [(12, 4, True, 2, False),
-                                                    (7, 2, True, 0, True)]
+                                                    (7, 2, True, 0, True),
+                                                    (1, 4, False, 0, False),
+                                                    (2, 7, True, 1, False)]
 MICRO_BATCHES = 3
 
 
@@ -45,7 +48,8 @@ def check_sampler_split(fn) -> Verdict:
                      f"expected {want}, got {got}.\nHint: ")
             return Verdict(WRONG, shown + _sampler_hint(got, want, args))
     return Verdict(CORRECT, "equal to torch's DistributedSampler with and "
-                            "without shuffle and drop_last, over several epochs.")
+                            "without shuffle and drop_last, over several epochs, "
+                            "with datasets smaller than the number of ranks too.")
 
 
 def _sampler_hint(got, want, args) -> str:
@@ -54,6 +58,11 @@ def _sampler_hint(got, want, args) -> str:
                                        0, drop_last):
         return ("the order ignores the epoch: seed the generator with "
                 "seed + epoch, or every epoch repeats the same order.")
+    padding = len(want) * replicas - length
+    if len(got) != len(want) and not drop_last and padding > length:
+        return (f"here the padding ({padding} indices) is longer than the "
+                f"dataset ({length}): repeat the indices as many times as it "
+                "takes to reach num_samples * num_replicas, not just once.")
     if len(got) != len(want):
         return ("every rank must get the same number of samples (or ranks "
                 "take different numbers of steps and DDP hangs): without "

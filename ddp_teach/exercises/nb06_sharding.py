@@ -4,7 +4,8 @@
 and of SGD with momentum on 2 and 3 ranks are compared with the unsharded
 optimizer; a wrong answer is compared with what each typical mistake would
 produce (every rank taking chunk 0, no all-gather, the gradient summed over
-ranks again, the given optimizer never stepped) so that the hint names it.
+ranks again or divided by their number again, the given optimizer never
+stepped) so that the hint names it.
 SGD is there because Adam barely notices a gradient N times too large.
 
 `zero3_gather_forward`: the gather-and-free around one unit's forward. The
@@ -98,6 +99,11 @@ def _zero1_hint(got, stepped, make_optimizer, world_size, rank) -> str:
         return ("the gradient is world_size times too large: flat_grads is "
                 "already averaged over the ranks, so take your slice of it "
                 "as it is, with no further reduce.")
+    if torch.allclose(got, _simulate(make_optimizer, world_size,
+                                     lambda step, r: chunk(step, r) / world_size)):
+        return ("the gradient is world_size times too small: flat_grads is "
+                "already averaged over the ranks (DDP divided by world_size), "
+                "so do not divide it again.")
     if not stepped:
         return ("step the optimizer you were given: it owns the shard and "
                 "keeps its state (momentum, Adam's moments) from step to step.")

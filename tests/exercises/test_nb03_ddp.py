@@ -24,6 +24,15 @@ def forgetful_hook(pending):
     return hook
 
 
+def waits_inside_the_hook(pending):
+    """Async in name only: the wait() stops backward until the sum arrives."""
+    def hook(param):
+        work = dist.all_reduce(param.grad, async_op=True)
+        work.wait()
+        pending.append((param, work))
+    return hook
+
+
 def reduces_the_parameter(pending):
     def hook(param):
         pending.append((param, dist.all_reduce(param.data, async_op=True)))
@@ -55,6 +64,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("ddp_grad_hook", blocking_hook, "async_op=True"),
     ("ddp_grad_hook", forgetful_hook, "append (param, work)"),
     ("ddp_grad_hook", reduces_the_parameter, "not the parameter itself"),
+    ("ddp_grad_hook", waits_inside_the_hook, "before backward went on"),
     ("ddp_finish", no_wait, "never waited"),
     ("ddp_finish", no_division, "divide the buffer by world_size"),
     ("ddp_finish", offset_not_advanced, "running offset"),

@@ -35,6 +35,16 @@ def no_padding(length, replicas, rank, shuffle, seed, epoch, drop_last):
     return order[rank::replicas]
 
 
+def pads_only_once(length, replicas, rank, shuffle, seed, epoch, drop_last):
+    """Right until the padding is longer than the dataset (1 sample, 4 ranks)."""
+    g = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(length, generator=g).tolist() if shuffle else list(range(length))
+    per_rank = len(torch_split(length, replicas, rank, shuffle, seed, epoch, drop_last))
+    total = per_rank * replicas
+    order = order[:total] if drop_last else order + order[:total - length]
+    return order[rank::replicas]
+
+
 def local_stats(x):
     return x.mean(0), x.var(0, unbiased=False)
 
@@ -78,6 +88,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("sampler_split", contiguous_blocks, "round-robin"),
     ("sampler_split", ignores_epoch, "seed + epoch"),
     ("sampler_split", no_padding, "the same number of samples"),
+    ("sampler_split", pads_only_once, "longer than the dataset"),
     ("syncbn_stats", local_stats, "this rank's own statistics"),
     ("syncbn_stats", mean_of_means, "averaged the ranks' means"),
     ("syncbn_stats", unbiased, "biased variance"),

@@ -40,6 +40,14 @@ def whole_vector_optimizer(flat_params, flat_grads, shard, optimizer, _made={}):
     _made[id(optimizer)].step()
 
 
+def divides_again(flat_params, flat_grads, shard, optimizer):
+    rank, world_size, size = dist.get_rank(), dist.get_world_size(), shard.numel()
+    shard.grad = flat_grads[rank * size:(rank + 1) * size] / world_size  # twice
+    optimizer.step()
+    with torch.no_grad():
+        dist.all_gather_single(flat_params, shard.detach())
+
+
 def fresh_optimizer_each_step(flat_params, flat_grads, shard, optimizer):
     rank, size = dist.get_rank(), shard.numel()
     shard.grad = flat_grads[rank * size:(rank + 1) * size].clone()
@@ -94,6 +102,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("zero1_step", no_all_gather, "the other ranks' chunks never changed"),
     ("zero1_step", gradient_reduced_again, "world_size times too large"),
     ("zero1_step", whole_vector_optimizer, "holds no state for the shard"),
+    ("zero1_step", divides_again, "world_size times too small"),
     ("zero1_step", fresh_optimizer_each_step, "step the optimizer you were given"),
     ("zero3_gather_forward", shard_only, "no all-gather was called"),
     ("zero3_gather_forward", keeps_the_full_params, "still held after it returned"),
