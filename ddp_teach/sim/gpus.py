@@ -143,7 +143,10 @@ class SimulatedGPUs:
     def synchronize(self) -> float:
         """Like `torch.cuda.synchronize()`: the calling thread waits until
         every device is done; returns its virtual clock, in seconds."""
-        host = self._local.host
+        host = getattr(self._local, "host", None)
+        if host is None:
+            raise RuntimeError("synchronize() is for the thread that drives "
+                               "the simulated GPUs: call it inside `with gpus:`")
         host.clock = max(host.clock, *self._streams)
         return host.clock
 

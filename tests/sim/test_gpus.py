@@ -149,6 +149,8 @@ def test_bad_input_and_misuse_are_refused_with_a_reason():
     with pytest.raises(ValueError, match="python_s_per_op"):
         SimulatedGPUs(2, PCIE, python_s_per_op=-1)
     gpus = SimulatedGPUs(2, PCIE)
+    with pytest.raises(RuntimeError, match="inside `with gpus:`"):
+        gpus.synchronize()
     with gpus:
         with pytest.raises(RuntimeError, match="dt.dp.parallel_apply"):
             with gpus.devices[1].running():
