@@ -19,7 +19,7 @@ export IPYTHONDIR := $(CURDIR)/.jupyter/ipython
 export MPLCONFIGDIR := $(CURDIR)/.jupyter/matplotlib
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup lab browser test bench html clean
+.PHONY: setup lab browser test test-gpu bench html clean
 
 setup: $(STAMP) | .jupyter
 
@@ -63,6 +63,11 @@ browser:
 
 test: setup browser
 	$(BIN)/python -m pytest
+
+# The CUDA and nccl paths (tests/gpu) and the notebooks with GPU cells, on a
+# machine with GPUs. Without one every test is skipped, with the reason.
+test-gpu: setup
+	$(BIN)/python -m pytest -m gpu -rs tests/gpu
 
 # Each benchmark writes its own section; results.md is the two together.
 bench: setup
