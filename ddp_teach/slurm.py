@@ -8,9 +8,17 @@ same command; the torchruns find each other through a c10d rendezvous on
 the first machine of the allocation (`scontrol show hostnames`), and give
 their workers RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. So
 the script needs nothing from SLURM, and runs unchanged under torchrun on
-one machine. (The other pattern, one srun task per GPU with no torchrun,
-makes the script compute its rank from SLURM_PROCID; the course's
-scripts read torchrun's variables instead.)
+one machine.
+
+The other pattern (`launcher="srun"`), common in older cluster docs: no
+torchrun, `--ntasks-per-node` = workers per node, and `srun python
+train.py` starts every worker itself. SLURM numbers the tasks in its own
+variables, so the job script renames them to torch's before Python starts
+(`torch_env` is the same mapping in Python): SLURM_PROCID -> RANK,
+SLURM_LOCALID -> LOCAL_RANK, SLURM_NTASKS -> WORLD_SIZE,
+SLURM_NTASKS_PER_NODE -> LOCAL_WORLD_SIZE, SLURM_NODEID -> GROUP_RANK, the
+first host of SLURM_JOB_NODELIST -> MASTER_ADDR. The same script then runs under both.
+What it gives up: torchrun's restarts.
 
 `dry_run` runs the sbatch script with bash, with stand-ins for `scontrol`
 and `srun` on the PATH and the variables SLURM would set: it shows the
@@ -28,6 +36,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddp_teach.launcher.launch import kernel_store
 from ddp_teach.launcher.torchrun import TorchrunResult, free_port, run_commands
 
 TEMPLATE = """#!/bin/bash
@@ -56,6 +65,31 @@ srun torchrun \\
     --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" \\
     {script}
 """
+SRUN_TEMPLATE = """#!/bin/bash
+# {nodes} nodes x {nproc} processes, one srun task per process (no torchrun).
+# Submit with: sbatch {name}
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node={nproc}
+{resources}#SBATCH --time={time}
+#SBATCH --output=%x-%j.out
+
+set -euo pipefail
+
+# Every task meets the others at the first node of the allocation.
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=${{MASTER_PORT:-29500}}
+{threads}# The network the processes talk over (`ip addr` on a node), e.g.:
+# export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0
+
+# srun starts {nproc} tasks per node; each gives SLURM's numbers torch's
+# names, then becomes the training script ("$@": arguments after the
+# script's name, passed on).
+srun bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \\
+    WORLD_SIZE=$SLURM_NTASKS LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE \\
+    GROUP_RANK=$SLURM_NODEID
+exec python {script} "$@"' bash
+"""
 FAKE_SCONTROL = """#!/bin/sh
 # stand-in for SLURM's scontrol: knows only `show hostnames`
 [ "$1 $2" = "show hostnames" ] || { echo "fake scontrol: $*" >&2; exit 1; }
@@ -68,14 +102,17 @@ args = sys.argv[1:]
 while args and args[0].startswith("-"):  # srun's own --option=value
     args.pop(0)
 hosts = os.environ["DDP_TEACH_HOSTS"].split()
+per_node = int(os.environ["SLURM_NTASKS_PER_NODE"])
 with open(os.environ["DDP_TEACH_SRUN_LOG"], "a") as log:
     for node, host in enumerate(hosts):
-        env = dict(os.environ, SLURM_NODEID=str(node), SLURM_PROCID=str(node),
-                   SLURM_LOCALID="0", SLURMD_NODENAME=host)
-        log.write(json.dumps({{"host": host, "argv": args, "env": env}}) + "\\n")
+        for local in range(per_node):
+            env = dict(os.environ, SLURM_NODEID=str(node), SLURMD_NODENAME=host,
+                       SLURM_PROCID=str(node * per_node + local),
+                       SLURM_LOCALID=str(local))
+            log.write(json.dumps({{"host": host, "argv": args, "env": env}}) + "\\n")
 """
 SHOWN = ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "SLURM_NODEID",
-         "SLURM_PROCID")
+         "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
 
 
 @dataclass
@@ -96,18 +133,25 @@ class Task:
 
 def sbatch_script(script, *, nodes=2, nproc_per_node=4, gpus_per_node=None,
                   cpus_per_task=None, time="00:30:00", job_name="ddp",
-                  name="job.sbatch") -> str:
+                  name="job.sbatch", launcher="torchrun") -> str:
     """The text of an sbatch script running `script` (path and arguments,
-    one string) on `nodes` nodes x `nproc_per_node` workers."""
+    one string) on `nodes` nodes x `nproc_per_node` workers: one torchrun
+    per node (`launcher="torchrun"`) or one srun task per worker
+    (`launcher="srun"`); see the module's doc. cpus_per_task is per task:
+    a torchrun's workers share it, an srun task has it to itself."""
+    if launcher not in ("torchrun", "srun"):
+        raise ValueError(f"launcher must be 'torchrun' or 'srun'; got {launcher!r}")
     resources = ""
     if gpus_per_node:
         resources += f"#SBATCH --gpus-per-node={gpus_per_node}\n"
     if cpus_per_task:
         resources += f"#SBATCH --cpus-per-task={cpus_per_task}\n"
-    threads = (f"export OMP_NUM_THREADS=$(( SLURM_CPUS_PER_TASK / "
-               f"{nproc_per_node} ))  # each worker's share of the cores\n"
-               if cpus_per_task else "")
-    return TEMPLATE.format(nodes=nodes, nproc=nproc_per_node, name=name,
+    share = f"$(( SLURM_CPUS_PER_TASK / {nproc_per_node} ))" \
+        if launcher == "torchrun" else "$SLURM_CPUS_PER_TASK"
+    threads = (f"export OMP_NUM_THREADS={share}  # each worker's share of "
+               "the cores\n" if cpus_per_task else "")
+    template = TEMPLATE if launcher == "torchrun" else SRUN_TEMPLATE
+    return template.format(nodes=nodes, nproc=nproc_per_node, name=name,
                            job_name=job_name, resources=resources, time=time,
                            threads=threads, script=script)
 
@@ -128,10 +172,24 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
+def torch_env(slurm_env: dict) -> dict:
+    """What one srun task of the srun pattern must be told, in torch's
+    names (`init_process_group`'s env:// and torchrun's scripts read
+    these), from what SLURM set for it."""
+    return {"RANK": slurm_env["SLURM_PROCID"],
+            "LOCAL_RANK": slurm_env["SLURM_LOCALID"],
+            "WORLD_SIZE": slurm_env["SLURM_NTASKS"],
+            "LOCAL_WORLD_SIZE": slurm_env["SLURM_NTASKS_PER_NODE"],
+            "GROUP_RANK": slurm_env["SLURM_NODEID"],
+            "MASTER_ADDR": expand_nodelist(slurm_env["SLURM_JOB_NODELIST"])[0],
+            "MASTER_PORT": slurm_env.get("MASTER_PORT", "29500")}
+
+
 def dry_run(sbatch_path, *, nodelist="node[01-02]", job_id="4242",
             env=None, timeout=30.0) -> list[Task]:
     """Run the sbatch script with stand-in `scontrol` and `srun`: the
-    task srun would start on each node of `nodelist`."""
+    tasks srun would start (`--ntasks-per-node` on each node of
+    `nodelist`), in the order of SLURM_PROCID."""
     text = Path(sbatch_path).read_text()
     hosts = expand_nodelist(nodelist)
     nodes = int(_sbatch_option(text, "nodes", len(hosts)))
@@ -146,8 +204,10 @@ def dry_run(sbatch_path, *, nodelist="node[01-02]", job_id="4242",
             path.write_text(body)
             path.chmod(0o755)
         log = Path(shims, "srun.log")
+        per_node = int(_sbatch_option(text, "ntasks-per-node", 1))
         slurm = {"SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": nodelist,
-                 "SLURM_NNODES": str(nodes), "SLURM_NTASKS_PER_NODE": "1",
+                 "SLURM_NNODES": str(nodes), "SLURM_NTASKS_PER_NODE": str(per_node),
+                 "SLURM_NTASKS": str(nodes * per_node),
                  "SLURM_JOB_NAME": _sbatch_option(text, "job-name", "job"),
                  "DDP_TEACH_HOSTS": " ".join(hosts),
                  "DDP_TEACH_SRUN_LOG": str(log)}
@@ -173,15 +233,36 @@ def dry_run(sbatch_path, *, nodelist="node[01-02]", job_id="4242",
 
 def run_locally(sbatch_path, *, timeout=60.0, echo=True,
                 results=True) -> TorchrunResult:
-    """Run the script's srun tasks for real, every "node" on this machine."""
+    """Run the script's srun tasks for real, every "node" on this machine:
+    a torchrun per node (its stores on 127.0.0.1), or, for the srun
+    pattern, a worker per task. Those workers' `init_process_group` would
+    make rank 0 host the store on every network interface; here this
+    process hosts it on 127.0.0.1 and every rank connects to it
+    (TORCHELASTIC_USE_AGENT_STORE, as under torchrun's agent)."""
     nodes = int(_sbatch_option(Path(sbatch_path).read_text(), "nodes", 1))
     tasks = dry_run(sbatch_path, nodelist=",".join(["localhost"] * nodes),
                     env={"MASTER_PORT": str(free_port())})
-    nproc = int(_torchrun_option(tasks[0].argv, "nproc-per-node", 1))
-    return run_commands([t.argv for t in tasks],
-                        node_envs=[t.env for t in tasks],
-                        cwd=Path(sbatch_path).parent, timeout=timeout,
-                        echo=echo, results=results, world_size=nodes * nproc)
+    if tasks[0].argv[0] == "torchrun":
+        world = nodes * int(_torchrun_option(tasks[0].argv, "nproc-per-node", 1))
+        return run_commands([t.argv for t in tasks],
+                            node_envs=[t.env for t in tasks],
+                            cwd=Path(sbatch_path).parent, timeout=timeout,
+                            echo=echo, results=results, world_size=world)
+    store, port = kernel_store(timeout)
+    tasks = dry_run(sbatch_path, nodelist=",".join(["127.0.0.1"] * nodes),
+                    env={"MASTER_PORT": str(port)})
+    # `python` in the job script: this interpreter, as an activated
+    # environment on a cluster node would make it
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    try:
+        return run_commands([t.argv for t in tasks],
+                            env={"PATH": path, "TORCHELASTIC_USE_AGENT_STORE": "True"},
+                            node_envs=[t.env for t in tasks],
+                            labels=[f"task {i}" for i in range(len(tasks))],
+                            cwd=Path(sbatch_path).parent, timeout=timeout,
+                            echo=echo, results=results, world_size=len(tasks))
+    finally:
+        del store  # the server stops with its last reference
 
 
 def _sbatch_option(text, name, default):

@@ -77,9 +77,9 @@ def torchrun(script, *script_args, nproc_per_node=2, nnodes=1,
 
 def run_commands(commands, *, env=None, node_envs=None, cwd=None,
                  timeout=60.0, echo=True, results=False,
-                 world_size=None) -> TorchrunResult:
-    """Run one command per node at once, prefix their output, kill them all
-    after `timeout` s. A leading `torchrun` is our loopback torchrun, its
+                 world_size=None, labels=None) -> TorchrunResult:
+    """Run one command per node at once, prefix their output (`[node i]`,
+    or `[labels[i]]`), kill them all after `timeout` s. A leading `torchrun` is our loopback torchrun, its
     log files kept in a scratch folder that is removed afterwards."""
     from ddp_teach.system import loopback_interface, threads_per_rank
     scratch = tempfile.mkdtemp(prefix="torchrun-")
@@ -102,7 +102,9 @@ def run_commands(commands, *, env=None, node_envs=None, cwd=None,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd))
         deadline = started + timeout
-        lines, timed_out = _pump(procs, len(commands) > 1, deadline, echo)
+        prefixes = ([f"[{label}] " for label in labels] if labels else
+                    [f"[node {i}] " if len(procs) > 1 else "" for i in range(len(procs))])
+        lines, timed_out = _pump(procs, prefixes, deadline, echo)
         for proc in procs if not timed_out else ():
             try:  # its output has closed, but it may still be exiting
                 proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
@@ -128,12 +130,12 @@ def _read_values(out_dir, world_size) -> list:
             for p in paths]
 
 
-def _pump(procs, prefixed, deadline, echo):
-    """Show each process's lines as they come, until all end or time's up."""
+def _pump(procs, prefixes, deadline, echo):
+    """Show each process's lines as they come, each after its prefix, until
+    all end or time's up."""
     selector, lines, partial = selectors.DefaultSelector(), [], {}
-    for node, proc in enumerate(procs):
-        selector.register(proc.stdout, selectors.EVENT_READ,
-                          f"[node {node}] " if prefixed else "")
+    for proc, prefix in zip(procs, prefixes):
+        selector.register(proc.stdout, selectors.EVENT_READ, prefix)
         partial[proc.stdout] = b""
 
     def emit(prefix, raw):

@@ -266,3 +266,30 @@ def test_sbatch_commands_really_run_on_two_local_nodes(notebook, tmp_path):
     in_notebook = dt.run(notebook["train"], 2, backend="gloo")
     assert equal_params([v[0] for v in result.values],
                         [v[0] for v in in_notebook])
+
+
+def test_srun_pattern_gives_slurms_numbers_torchs_names_and_runs_a_task_per_worker(
+        notebook, tmp_path):
+    scripts.export(notebook["train"], tmp_path / "train.py", backend="gloo")
+    job = tmp_path / "srun.sbatch"
+    job.write_text(slurm.sbatch_script("train.py", nodes=2, nproc_per_node=2,
+                                       launcher="srun"))
+    text = job.read_text()
+    assert "#SBATCH --ntasks-per-node=2" in text and "srun torchrun" not in text
+    subprocess.run(["bash", "-n", str(job)], check=True)  # valid bash
+    tasks = slurm.dry_run(job, nodelist="gpu[07-08]")
+    assert [(t.host, t.env["SLURM_PROCID"], t.env["SLURM_LOCALID"]) for t in tasks] \
+        == [("gpu07", "0", "0"), ("gpu07", "1", "1"), ("gpu08", "2", "0"),
+            ("gpu08", "3", "1")]
+    assert slurm.torch_env(tasks[3].env) == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1", "MASTER_ADDR": "gpu07", "MASTER_PORT": "29500"}
+    result = slurm.run_locally(job, echo=False)  # the job script's mapping, run
+    assert result.ok, result.output
+    assert "[task 3] RANK=3 LOCAL_RANK=1" in result.output
+    in_notebook = dt.run(notebook["train"], 4, backend="gloo")
+    assert equal_params([v[0] for v in result.values], [v[0] for v in in_notebook])
+    for _, addresses in result.values:  # no worker hosts a store of its own
+        assert addresses and set(addresses) == {"127.0.0.1"}, addresses
+    with pytest.raises(ValueError, match="launcher must be"):
+        slurm.sbatch_script("train.py", launcher="mpirun")
