@@ -16,6 +16,9 @@ arXiv:1910.02054) notices that each rank only needs to *update* 1/N of them:
 * Stage 3 (P_os+g+p) shards the parameters too: `FullyShardedDataParallel`,
   in fsdp.py, re-exported here.
 
+Clipping the gradient by its norm needs the norm of the whole gradient,
+which no rank holds once it is sharded: `clip_sharded_grad_norm_`.
+
 Parameters become views into one flat buffer (like FSDP's FlatParameter, Zhao
 et al., "PyTorch FSDP", VLDB 2023, arXiv:2304.11277), and the shard the
 optimizer steps is a slice of that same buffer: the update lands directly in
@@ -239,6 +242,23 @@ class Zero2DataParallel(nn.Module):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none)
+
+
+@torch.no_grad()
+def clip_sharded_grad_norm_(shard_grad: torch.Tensor, max_norm: float,
+                            group=None) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` when each rank holds only its shard
+    of the gradient (ZeRO-2, ZeRO-3; notebook 06's exercise). The norm is
+    the whole gradient's: the square root of the SUM over ranks of each
+    shard's sum of squares (the padding's zeros add nothing); a shard's own
+    norm would give every rank a different scale. Every shard is then
+    multiplied in place by min(1, max_norm / (norm + 1e-6)), torch's rule.
+    Returns the total norm, the same on every rank."""
+    total = shard_grad.float().square().sum()
+    dist.all_reduce(total, group=group)  # SUM: squares add, norms do not
+    total = total.sqrt()
+    shard_grad.mul_((max_norm / (total + 1e-6)).clamp(max=1.0))
+    return total
 
 
 def model_state_bytes(model: nn.Module, optimizer=None) -> dict:

@@ -1,4 +1,5 @@
-"""Checkers for notebook 06's exercises: ZeRO's two moves, on real ranks.
+"""Checkers for notebook 06's exercises on ZeRO-1 and ZeRO-2, on real ranks
+(ZeRO-3's is in nb06_zero3.py).
 
 `zero1_step`: shard assignment and the ZeRO-1 step. Several steps of AdamW
 and of SGD with momentum on 2 and 3 ranks are compared with the unsharded
@@ -8,16 +9,13 @@ ranks again or divided by their number again, the given optimizer never
 stepped) so that the hint names it.
 SGD is there because Adam barely notices a gradient N times too large.
 
-`zero3_gather_forward`: the gather-and-free around one unit's forward. The
-module's parameters are on the meta device (names and shapes, no values, as
-FSDP builds big models), so the output can only be right if the shards were
-gathered; afterwards every tensor Python can still reach is inspected, so
-full parameters kept on the module or in a global are caught.
+`sharded_clip`: clipping a gradient that is sharded over the ranks. Each
+rank holds its chunk of one known gradient; the result must be torch's
+`clip_grad_norm_` of the whole gradient, chunk by chunk, with the whole
+norm returned. A wrong answer is compared with the likely mistakes (the
+shard's own norm, the ranks' norms added, their squares averaged, a
+gradient below the limit scaled up, the shard not changed in place).
 """
-import copy
-import gc
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -25,7 +23,7 @@ from torch import nn
 from ddp_teach.exercises.harness import run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
-from ddp_teach.zero import flat_slice, shard_size, unflatten
+from ddp_teach.zero import flat_slice, shard_size
 
 LENGTH, STEPS = 12, 4  # 12 elements split evenly over 2 and 3 ranks
 OPTIMIZERS = {
@@ -139,121 +137,88 @@ def check_zero1_step(fn) -> Verdict:
                             "state for one shard per rank.")
 
 
-def _unit():
-    torch.manual_seed(0)  # 59 parameters: padded to 60 on 2 and 3 ranks
-    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 4))
+CLIP_LENGTH = 13  # padded to 14 on 2 ranks, 15 on 3
+CLIP_CASES = (1.0, 100.0)  # below the whole gradient's norm, and above it
 
 
-def _reachable_storages() -> dict:
-    """{storage address: bytes} of every CPU tensor Python can reach.
-    (`type()`, not isinstance: some objects' __class__ warns when read.)"""
-    gc.collect()
-    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-            for t in gc.get_objects()
-            if issubclass(type(t), torch.Tensor) and t.device.type == "cpu"}
+def _full_gradient():
+    return torch.randn(CLIP_LENGTH, generator=torch.Generator().manual_seed(6)) * 3
 
 
-def _gather_forward_on_ranks(rank, world_size, fn):
-    unit = _unit()
-    padded = shard_size(59, world_size) * world_size
-    flat = flat_slice(list(unit.parameters()), 0, padded)
-    shard = flat.chunk(world_size)[rank].clone()
-    module = copy.deepcopy(unit).to("meta")  # names and shapes, no values
-    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(rank))
-    gathers = []
-
-    def counted(gather):
-        def counting(*args, **kwargs):
-            gathers.append(gather.__name__)
-            return gather(*args, **kwargs)
-        return counting
-
-    for name in ("all_gather_single", "all_gather_into_tensor", "all_gather"):
-        setattr(dist, name, counted(getattr(dist, name)))
-    del unit, flat
-    before = _reachable_storages()
-    try:
-        with torch.no_grad():
-            output = fn(module, shard, x)
-    except NotImplementedError:
-        return NOT_ATTEMPTED
-    except Exception as err:  # shown with a hint (a rank failing alone times out)
-        return dict(error=f"{type(err).__name__}: {err}", gathered=bool(gathers))
-    output_storage = torch.as_tensor(output).untyped_storage().data_ptr()
-    for _ in range(20):  # gloo's thread may hold a finished call's output a moment
-        kept = sum(nbytes for address, nbytes in _reachable_storages().items()
-                   if address not in before and address != output_storage)
-        if not kept:
-            break
-        time.sleep(0.05)
-    return dict(output=torch.as_tensor(output).clone(), gathered=bool(gathers),
-                kept_bytes=kept, module_changed=any(
-                    p.device.type != "meta" for p in module.parameters()))
+def _clip_on_ranks(rank, world_size, fn):
+    size = shard_size(CLIP_LENGTH, world_size)
+    results = []
+    for max_norm in CLIP_CASES:
+        shard = flat_slice([_full_gradient()], rank * size, (rank + 1) * size)
+        try:
+            norm = fn(shard, max_norm)
+        except NotImplementedError:
+            return NOT_ATTEMPTED
+        results.append((None if norm is None else float(norm), shard))
+    return results
 
 
-def _expected_outputs(world_size, rank_order):
-    """Each rank's output when the full vector is assembled from the
-    chunks in `rank_order(rank)`."""
-    unit = _unit()
-    padded = shard_size(59, world_size) * world_size
-    chunks = flat_slice(list(unit.parameters()), 0, padded).chunk(world_size)
-    outputs = []
-    for rank in range(world_size):
-        full = torch.cat([chunks[r] for r in rank_order(rank)])
-        params = dict(zip([n for n, _ in unit.named_parameters()],
-                          unflatten(full, [p.shape for p in unit.parameters()])))
-        x = torch.randn(3, 6, generator=torch.Generator().manual_seed(rank))
-        with torch.no_grad():
-            outputs.append(torch.func.functional_call(unit, params, (x,)))
-    return outputs
+def _clip_hint(norm, shard, max_norm, world_size, rank) -> str:
+    size = shard_size(CLIP_LENGTH, world_size)
+    chunks = [flat_slice([_full_gradient()], r * size, (r + 1) * size)
+              for r in range(world_size)]
+    mine = chunks[rank]
+    whole = float(_full_gradient().norm())
+
+    def close(a, b):
+        return a is not None and abs(a - b) <= 1e-4 * max(1.0, abs(b))
+
+    if close(norm, float(mine.norm())) or torch.allclose(
+            shard, mine * min(1.0, max_norm / float(mine.norm()))):
+        return ("that is this rank's shard's norm. The norm is the whole "
+                "gradient's: all-reduce (SUM) each shard's sum of squares, "
+                "then take the square root.")
+    if close(norm, sum(float(c.norm()) for c in chunks)):
+        return ("the ranks' norms were added: norms do not add, squares do. "
+                "All-reduce each shard's sum of squares, then the square root.")
+    if close(norm, (sum(float(c.square().sum()) for c in chunks)
+                    / world_size) ** 0.5):
+        return ("the sums of squares were averaged (ReduceOp.AVG, or a "
+                "division by world_size): the whole gradient's sum of squares "
+                "is their SUM.")
+    if max_norm > whole and not torch.allclose(shard, mine):
+        return (f"the gradient's norm ({whole:.3f}) was below max_norm "
+                f"({max_norm:g}) and yet it was scaled: the factor is "
+                "min(1, max_norm / (norm + 1e-6)), never above 1.")
+    if close(norm, whole) and torch.allclose(shard, mine):
+        return ("the norm is right but the gradient was not changed: "
+                "multiply the shard in place (shard_grad.mul_(factor)).")
+    return ("compute the whole norm (all-reduce the shards' sums of squares, "
+            "then sqrt), multiply the shard in place by min(1, max_norm / "
+            "(norm + 1e-6)), and return the norm.")
 
 
-def check_gathered_forward(fn) -> Verdict:
+def check_sharded_clip(fn) -> Verdict:
     for world_size in (2, 3):
-        results, problem = run_learner_code(_gather_forward_on_ranks,
-                                            world_size, fn, timeout=60.0)
+        results, problem = run_learner_code(_clip_on_ranks, world_size, fn)
         if problem:
             return problem
-        want = _expected_outputs(world_size, lambda rank: range(world_size))
-        own_first = _expected_outputs(world_size, lambda rank: [rank] + [
-            r for r in range(world_size) if r != rank])
-        full_bytes = 4 * shard_size(59, world_size) * world_size
-        for rank, got in enumerate(results):
-            where = f"on {world_size} ranks, rank {rank}: "
-            if not got["gathered"]:
-                return Verdict(WRONG, where + "no all-gather was called.\nHint: "
-                               "the shard holds only 1/N of the unit's flat "
-                               "parameters: all-gather every rank's shard first.")
-            if "error" in got:
-                return Verdict(WRONG, where + f"your function raised "
-                               f"{got['error']}\nHint: the gathered vector is "
-                               f"padded to a multiple of the world size: use "
-                               f"its first sum(p.numel()) elements, cut in "
-                               f"module.named_parameters() order.")
-            if got["output"].shape != want[rank].shape or not torch.allclose(
-                    got["output"], want[rank], atol=1e-6):
-                shown = (where + f"expected output {want[rank].tolist()}, got "
-                         f"{got['output'].tolist()}.\nHint: ")
-                if torch.allclose(got["output"], own_first[rank], atol=1e-6):
-                    return Verdict(WRONG, shown + "the chunks are out of order: "
-                                   "rank r's shard is chunk r of the flat "
-                                   "vector, whichever rank you are (all-gather "
-                                   "puts them in rank order).")
-                return Verdict(WRONG, shown + "cut the gathered vector into the "
-                               "parameters in module.named_parameters() order, "
-                               "view each to its shape, and run "
-                               "torch.func.functional_call(module, params, (x,)).")
-            if got["module_changed"] or got["kept_bytes"] >= full_bytes:
-                return Verdict(WRONG, where + f"the output is right, but "
-                               f"{got['kept_bytes']} bytes of gathered "
-                               f"parameters were still held after it returned "
-                               f"(the full unit is {full_bytes} bytes)."
-                               f"\nHint: keep the full parameters in local "
-                               f"variables only, not on the module or in a "
-                               f"global: ZeRO-3 frees them after the forward, "
-                               f"so only the shard stays.")
-    return Verdict(CORRECT, "the unsharded module's output on 2 and 3 ranks, "
-                            "and nothing gathered was kept afterwards.")
+        size = shard_size(CLIP_LENGTH, world_size)
+        for case, max_norm in enumerate(CLIP_CASES):
+            param = torch.zeros(CLIP_LENGTH, requires_grad=True)
+            param.grad = _full_gradient()  # torch's clip, on the whole gradient
+            norm = torch.nn.utils.clip_grad_norm_([param], max_norm)
+            whole = param.grad
+            for rank, rank_results in enumerate(results):
+                got_norm, got_shard = rank_results[case]
+                want = flat_slice([whole], rank * size, (rank + 1) * size)
+                if got_norm is not None and abs(got_norm - float(norm)) < 1e-4 \
+                        and torch.allclose(got_shard, want, atol=1e-6):
+                    continue
+                return Verdict(WRONG, (
+                    f"{world_size} ranks, max_norm={max_norm:g}, rank {rank}: "
+                    f"expected the norm {float(norm):.4f} and the shard "
+                    f"{[round(v, 4) for v in want.tolist()]}, got {got_norm} "
+                    f"and {[round(v, 4) for v in got_shard.tolist()]}.\nHint: "
+                    + _clip_hint(got_norm, got_shard, max_norm, world_size, rank)))
+    return Verdict(CORRECT, "torch's clip_grad_norm_ of the whole gradient, "
+                            "shard by shard, on 2 and 3 ranks, above and below "
+                            "max_norm.")
 
 
 register(Exercise(
@@ -266,15 +231,11 @@ register(Exercise(
      "Then dist.all_gather_single(flat_params, shard.detach()) writes every "
      "rank's updated shard into flat_params, in rank order."]))
 register(Exercise(
-    "zero3_gather_forward", "The ZeRO-3 gather-and-free around forward",
-    "gathered_forward", "ddp_teach.zero:gathered_forward",
-    check_gathered_forward,
-    ["The shard is 1/N of the unit's flat parameters: gather all N first, "
-     "into one tensor of N * len(shard) elements.",
-     "Cut the first sum(p.numel()) elements (the rest is padding) into the "
-     "parameters, in module.named_parameters() order, and view each to its "
-     "shape; torch.func.functional_call(module, params, (x,)) runs with them.",
-     "full = shard.new_empty(shard.numel() * world_size); "
-     "dist.all_gather_single(full, shard); build the {name: view} dict; "
-     "return the output and keep nothing else: the full tensor is freed "
-     "when the function returns."]))
+    "sharded_clip", "Clipping a sharded gradient", "my_clip_sharded",
+    "ddp_teach.zero:clip_sharded_grad_norm_", check_sharded_clip,
+    ["No rank holds the whole gradient, so no rank can compute its norm "
+     "alone: each computes the sum of squares of its shard.",
+     "total = shard_grad.square().sum(); dist.all_reduce(total) adds them "
+     "up; the norm is total.sqrt().",
+     "Multiply the shard in place by (max_norm / (norm + 1e-6)).clamp(max=1), "
+     "and return the norm."]))

@@ -56,45 +56,43 @@ def fresh_optimizer_each_step(flat_params, flat_grads, shard, optimizer):
         dist.all_gather_single(flat_params, shard.detach())
 
 
-# ---- zero3_gather_forward: planted mistakes -----------------------------------
+# ---- sharded_clip: planted mistakes -------------------------------------------
 
-def run_with(module, flat, x):
-    sizes = [p.numel() for p in module.parameters()]
-    pieces = flat[:sum(sizes)].split(sizes)
-    params = {n: piece.view(p.shape) for (n, p), piece
-              in zip(module.named_parameters(), pieces)}
-    return torch.func.functional_call(module, params, (x,))
+def local_norm(shard_grad, max_norm):
+    norm = shard_grad.norm()  # this rank's shard only
+    shard_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return norm
 
 
-def shard_only(module, shard, x):
-    sizes = [p.numel() for p in module.parameters()]
-    params = dict(zip([n for n, _ in module.named_parameters()],
-                      shard.split(sizes)))  # too short: raises
-    return torch.func.functional_call(module, params, (x,))
+def norms_added(shard_grad, max_norm):
+    norm = shard_grad.norm()
+    dist.all_reduce(norm)  # norms do not add
+    shard_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return norm
 
 
-def keeps_the_full_params(module, shard, x):
-    full = shard.new_empty(shard.numel() * dist.get_world_size())
-    dist.all_gather_single(full, shard)
-    module.gathered = full  # "cached" for next time: never freed
-    return run_with(module, full, x)
+def squares_averaged(shard_grad, max_norm):
+    total = shard_grad.square().sum()
+    dist.all_reduce(total, op=dist.ReduceOp.AVG)
+    norm = total.sqrt()
+    shard_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return norm
 
 
-def own_shard_first(module, shard, x):
-    chunks = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
-    dist.all_gather(chunks, shard)
-    rank = dist.get_rank()
-    full = torch.cat([shard] + [c for r, c in enumerate(chunks) if r != rank])
-    return run_with(module, full, x)
+def scales_up_too(shard_grad, max_norm):
+    total = shard_grad.square().sum()
+    dist.all_reduce(total)
+    norm = total.sqrt()
+    shard_grad.mul_(max_norm / (norm + 1e-6))  # no clamp: small gradients grow
+    return norm
 
 
-def padding_kept(module, shard, x):
-    full = shard.new_empty(shard.numel() * dist.get_world_size())
-    dist.all_gather_single(full, shard)
-    sizes = [p.numel() for p in module.parameters()]
-    params = dict(zip([n for n, _ in module.named_parameters()],
-                      full.split(sizes)))  # 59 of 60 elements: raises
-    return torch.func.functional_call(module, params, (x,))
+def not_in_place(shard_grad, max_norm):
+    total = shard_grad.square().sum()
+    dist.all_reduce(total)
+    norm = total.sqrt()
+    shard_grad = shard_grad * (max_norm / (norm + 1e-6)).clamp(max=1.0)  # a copy
+    return norm
 
 
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
@@ -104,9 +102,10 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("zero1_step", whole_vector_optimizer, "holds no state for the shard"),
     ("zero1_step", divides_again, "world_size times too small"),
     ("zero1_step", fresh_optimizer_each_step, "step the optimizer you were given"),
-    ("zero3_gather_forward", shard_only, "no all-gather was called"),
-    ("zero3_gather_forward", keeps_the_full_params, "still held after it returned"),
-    ("zero3_gather_forward", own_shard_first, "the chunks are out of order"),
-    ("zero3_gather_forward", padding_kept, "padded to a multiple of the world size"),
+    ("sharded_clip", local_norm, "this rank's shard's norm"),
+    ("sharded_clip", norms_added, "norms do not add"),
+    ("sharded_clip", squares_averaged, "were averaged"),
+    ("sharded_clip", scales_up_too, "never above 1"),
+    ("sharded_clip", not_in_place, "not changed"),
 ]
 
