@@ -10,13 +10,131 @@ each rank waited, for the exercises built from collectives.
 
 The workers always use gloo: the checkers' tensors are on the CPU, and on a
 machine with a GPU per rank `dt.run`'s "auto" would pick nccl.
+
+Code that reads a buffer before its communication is done is right or
+wrong by luck of timing: over gloo on one machine a message usually lands
+at once. `lands_on_wait` takes the luck out: inside it a receive (or an
+async all-reduce the checker starts) fills its tensor only when its work's
+`wait()` returns, and until then the tensor holds a poison value, so such
+code fails its check every time, with `READ_BEFORE_WAIT_HINT`.
 """
+import contextlib
+
+import torch
+import torch.distributed as dist
+
 from ddp_teach.exercises.registry import NOT_ATTEMPTED, TODO_MESSAGE, WRONG, Verdict
 
 DEADLOCK_HINT = ("a blocking dist.send() waits until the receiver takes the "
                  "data, so when every rank sends first, every rank waits. Post "
                  "dist.isend() and dist.irecv() together, then wait() on both "
                  "(or let even ranks send first and odd ranks receive first).")
+
+
+READ_BEFORE_WAIT_HINT = (
+    "a received buffer was read before its wait() returned (it still held "
+    "the checker's poison value, NaN, or the dtype's smallest integer). A "
+    "message may land at any time until wait() returns: post the isend and "
+    "irecv, wait() on both, and only then read the buffer.")
+
+
+def poison(tensor: torch.Tensor) -> None:
+    """Fill `tensor` with what no correct result holds: NaN, or the
+    dtype's smallest value for integers."""
+    tensor.fill_(float("nan") if tensor.is_floating_point()
+                 else torch.iinfo(tensor.dtype).min)
+
+
+def is_poisoned(value) -> bool:
+    """True if any tensor in `value` (or a list of them) holds poison."""
+    tensors = value if isinstance(value, (list, tuple)) else [value]
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        if t.is_floating_point() and t.isnan().any() or \
+                not t.is_floating_point() and (t == torch.iinfo(t.dtype).min).any():
+            return True
+    return False
+
+
+class _LandsOnWait:
+    """A work whose `wait()` also copies each landing buffer into the
+    tensor the caller gave (once)."""
+
+    def __init__(self, work, landings):
+        self._work, self._landings = work, landings
+
+    def wait(self, *args, **kwargs):
+        result = self._work.wait(*args, **kwargs)
+        for landing, tensor in self._landings:
+            tensor.copy_(landing)
+        self._landings = []
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def all_reduce_landing_on_wait(tensor: torch.Tensor):
+    """`dist.all_reduce(tensor, async_op=True)` whose sum lands in `tensor`
+    only at `wait()` (poison until then)."""
+    landing = tensor.clone()
+    work = dist.all_reduce(landing, async_op=True)
+    poison(tensor)
+    return _LandsOnWait(work, [(landing, tensor)])
+
+
+class _IrecvLandingOnWait:
+    """`dist.irecv` whose data lands in the caller's tensor at `wait()`.
+    It compares equal to torch's irecv, so that `dist.P2POp` accepts it."""
+    __name__ = "irecv"
+
+    def __init__(self, real_irecv):
+        self.real = real_irecv
+
+    def __call__(self, tensor, *args, **kwargs):
+        landing = torch.empty_like(tensor)
+        work = self.real(landing, *args, **kwargs)
+        poison(tensor)
+        return _LandsOnWait(work, [(landing, tensor)])
+
+    def __eq__(self, other):
+        return other is self or other is self.real
+
+    __hash__ = object.__hash__
+
+
+@contextlib.contextmanager
+def lands_on_wait():
+    """Inside: `dist.irecv`, alone or in `dist.batch_isend_irecv`, receives
+    into a buffer of its own and copies into the caller's tensor when the
+    work's `wait()` returns; the tensor holds poison until then."""
+    real_irecv, real_batch = dist.irecv, dist.batch_isend_irecv
+    irecv = _IrecvLandingOnWait(real_irecv)
+
+    def batch_isend_irecv(p2p_op_list):
+        ops, landings = [], []
+        for op in p2p_op_list:
+            if op.op is not irecv:
+                ops.append(op)
+                continue
+            landing = torch.empty_like(op.tensor)
+            poison(op.tensor)
+            ops.append(dist.P2POp(real_irecv, landing, op.peer, op.group, op.tag))
+            landings.append([(landing, op.tensor)])
+        works = real_batch(ops)
+        if len(works) == len(p2p_op_list):  # one work per operation
+            per_op = iter(landings)
+            return [_LandsOnWait(w, next(per_op)) if op.op is irecv
+                    else w for w, op in zip(works, p2p_op_list)]
+        everything = [pair for pairs in landings for pair in pairs]
+        return [_LandsOnWait(w, everything) for w in works]
+
+    dist.irecv, dist.batch_isend_irecv = irecv, batch_isend_irecv
+    try:
+        yield
+    finally:
+        dist.irecv, dist.batch_isend_irecv = real_irecv, real_batch
 
 
 def attempt(call, *args):

@@ -7,13 +7,15 @@ mistakes: a world size of 1, tensors shorter than the number of ranks or not
 divisible by it, integer dtypes. When a result is wrong it is compared with
 what each typical mistake would produce (an average instead of a sum, a
 missing own contribution, a chunk index off by one, a list in the wrong
-order, a deadlock), so that the hint names the mistake actually made.
+order, a deadlock, a buffer read before its receive finished), so that
+the hint names the mistake actually made.
 """
 import numpy as np
 import torch
 
-from ddp_teach.exercises.harness import (DEADLOCK_HINT, attempt, describe_deadlock,
-                                        run_learner_code)
+from ddp_teach.exercises.harness import (DEADLOCK_HINT, READ_BEFORE_WAIT_HINT,
+                                        attempt, describe_deadlock, is_poisoned,
+                                        lands_on_wait, run_learner_code)
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE, WRONG,
                                          Exercise, Verdict, register)
 
@@ -46,11 +48,13 @@ def _show(t) -> str:
 
 
 def _on_ranks(rank, world_size, fn, cases, in_place):
-    """Worker side: the learner's fn on every case; what it produced."""
+    """Worker side: the learner's fn on every case; what it produced. A
+    received message lands only at wait() (see harness.lands_on_wait)."""
     produced = []
     for numel, dtype in cases:
         tensor = make_input(rank, numel, dtype)
-        returned = attempt(fn, tensor)
+        with lands_on_wait():
+            returned = attempt(fn, tensor)
         if returned is NOT_ATTEMPTED:
             return NOT_ATTEMPTED
         produced.append(tensor if in_place else returned)
@@ -73,14 +77,16 @@ def check_on_ranks(fn, in_place: bool, expected, diagnose) -> Verdict:
                                             key=lambda case: -case[1][0]):
             inputs = [make_input(r, numel, dtype) for r in range(world_size)]
             for rank in range(world_size):
-                problem = diagnose(results[rank][index], inputs, rank)
+                got = results[rank][index]
+                problem = (READ_BEFORE_WAIT_HINT if is_poisoned(got)
+                           else diagnose(got, inputs, rank))
                 if problem:
                     return Verdict(WRONG, (
                         f"on {world_size} ranks, rank {rank}, a tensor of "
                         f"{numel} {dtype} values:\n"
                         f"  this rank's input  {_show(inputs[rank])}\n"
                         f"  expected           {_show(expected(inputs))}"
-                        f"\n  got                {_show(results[rank][index])}\n"
+                        f"\n  got                {_show(got)}\n"
                         f"Hint: {problem}"))
     return Verdict(CORRECT, f"tried world sizes {WORLD_SIZES}, tensor lengths "
                             f"{sorted({n for n, _ in CASES})} and dtypes "

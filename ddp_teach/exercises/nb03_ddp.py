@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_teach.ddp import MIB, bucket_indices
-from ddp_teach.exercises.harness import attempt, run_learner_code
+from ddp_teach.exercises.harness import (all_reduce_landing_on_wait, attempt,
+                                        is_poisoned, run_learner_code)
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
 
@@ -185,7 +186,8 @@ def _finish_on_ranks(rank, world_size, finish):
     buckets = []
     for group in (params[2:][::-1], params[:2][::-1]):  # backward order
         buffer = torch.cat([p.grad.flatten() for p in group])
-        work = _Watched(dist.all_reduce(buffer, async_op=True))
+        # the sum lands in the buffer at wait(), not a moment before
+        work = _Watched(all_reduce_landing_on_wait(buffer))
         buckets.append({"buffer": buffer, "work": work, "params": group})
     try:
         finish(buckets, world_size)
@@ -210,6 +212,12 @@ def check_finish(fn) -> Verdict:
         got = seen["grads"]
         if all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want)):
             continue
+        if is_poisoned(got):
+            return Verdict(WRONG, "a gradient was copied out of its bucket's "
+                           "buffer before the bucket's work.wait() returned: "
+                           "until then the sum may be half done (here the "
+                           "buffer held NaN until wait()).\nHint: wait for "
+                           "the bucket's work first, then divide and copy.")
         if all(torch.allclose(g, w * world_size, atol=1e-6)
                for g, w in zip(got, want)):
             return Verdict(WRONG, "the gradients are the SUM over ranks.\n"

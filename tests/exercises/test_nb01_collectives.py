@@ -16,8 +16,10 @@ def check(name, fn, capsys):
     return passed, capsys.readouterr().out
 
 
-def ring(tensor, all_gather_shift=0, blocking=False):
-    """A ring all-reduce with knobs for two classic mistakes."""
+def ring(tensor, all_gather_shift=0, blocking=False, read_early=False,
+         batched=False):
+    """A ring all-reduce with knobs for three classic mistakes (and for
+    batch_isend_irecv, which is right too)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     chunks = list(tensor.view(-1).tensor_split(world))
     right, left = (rank + 1) % world, (rank - 1) % world
@@ -27,9 +29,20 @@ def ring(tensor, all_gather_shift=0, blocking=False):
         if blocking:  # every rank sends first: deadlock
             dist.send(chunks[send_index].clone(), right)
             dist.recv(incoming, left)
+        elif batched:
+            works = dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, chunks[send_index].clone(), right),
+                 dist.P2POp(dist.irecv, incoming, left)])
+            for work in works:
+                work.wait()
         else:
             works = [dist.isend(chunks[send_index].clone(), right),
                      dist.irecv(incoming, left)]
+            if read_early:  # waits for its send only: the receive may not be in
+                works[0].wait()
+                combine(chunks[recv_index], incoming)
+                works[1].wait()
+                return
             for work in works:
                 work.wait()
         combine(chunks[recv_index], incoming)
@@ -76,6 +89,10 @@ def test_the_reference_ring_allreduce_is_correct(capsys):
 
 def test_a_correct_hand_written_ring_passes(capsys):
     assert check("ring_allreduce", ring, capsys)[0]
+
+
+def test_a_ring_of_batch_isend_irecv_passes_where_receives_land_at_wait(capsys):
+    assert check("ring_allreduce", lambda t: ring(t, batched=True), capsys)[0]
 
 
 def gather_by_step(tensor):
@@ -128,6 +145,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
      ("a deadlock", "rank 0 in send()", "isend")),
     ("ring_allreduce", lambda t: t.no_such_method(), ("AttributeError", "no_such_method")),
     ("ring_allreduce", always_sends, "return early when world_size == 1"),
+    ("ring_allreduce", lambda t: ring(t, read_early=True),
+     ("read before its wait() returned", "expected")),
     ("all_gather_p2p", gather_by_step, "index the list by the rank the tensor came FROM"),
     ("all_gather_p2p", gather_without_own, "put your own tensor at index rank"),
     ("all_gather_p2p", lambda t: t, "return a list of"),

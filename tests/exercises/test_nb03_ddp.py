@@ -48,6 +48,17 @@ def no_division(buckets, world_size):
     finish_buckets(buckets, 1)
 
 
+def copies_before_waiting(buckets, world_size):
+    """Right only when the sum happens to land before the copy."""
+    for bucket in buckets:
+        offset = 0
+        for param in bucket["params"]:
+            piece = bucket["buffer"][offset:offset + param.numel()]
+            param.grad.copy_(piece.view_as(param) / world_size)
+            offset += param.numel()
+        bucket["work"].wait()
+
+
 def offset_not_advanced(buckets, world_size):
     for bucket in buckets:
         bucket["work"].wait()
@@ -68,5 +79,6 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("ddp_finish", no_wait, "never waited"),
     ("ddp_finish", no_division, "divide the buffer by world_size"),
     ("ddp_finish", offset_not_advanced, "running offset"),
+    ("ddp_finish", copies_before_waiting, "before the bucket's work.wait() returned"),
 ]
 
