@@ -24,7 +24,15 @@ def no_broadcast(rank, world_size):
     return a.item(), float(rank + 100)
 
 
+def no_all_reduce(rank, world_size):
+    """Finishes, by leaving out the collective that was in the way."""
+    b = torch.tensor([float(rank + 100)])
+    dist.broadcast(b, src=0)
+    return float(rank + 1), b.item()
+
+
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("fix_hang", planted_hang, ("deadlock", "all_reduce()", "broadcast()")),
     ("fix_hang", no_broadcast, "keep the broadcast"),
+    ("fix_hang", no_all_reduce, "keep the all_reduce"),
 ]
