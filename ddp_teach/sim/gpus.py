@@ -48,7 +48,7 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ddp_teach.sim.runtime import FREE_OPS, in_backward, op_seconds
+from ddp_teach.sim.runtime import FREE_OPS, in_backward, op_seconds, tensors_in
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 from ddp_teach.tracing.timeline import Timeline
 
@@ -221,9 +221,9 @@ class SimulatedGPUs:
 
     def _charge(self, func, args, kwargs, out) -> None:
         host = self._local.host
-        device = next((self._tags.get(t, 0) for t in _tensors((args, kwargs))),
+        device = next((self._tags.get(t, 0) for t in tensors_in((args, kwargs))),
                       host.device)
-        for t in _tensors(out):
+        for t in tensors_in(out):
             self._tags[t] = device
         if func.is_view or func.overloadpacket in FREE_OPS:
             return
@@ -328,12 +328,3 @@ class _DriveDevices(TorchDispatchMode):
                 self.gpus._turns.notify_all()
         return out
 
-
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        yield from _tensors(list(value.values()))

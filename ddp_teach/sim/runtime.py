@@ -265,26 +265,27 @@ def op_seconds(device, func, args, kwargs, out) -> float:
     """One ATen operation's roofline time on `device`."""
     counter = flop_registry.get(func.overloadpacket)
     flops = counter(*args, **kwargs, out_val=out) if counter else 0
-    tensors = [t for t in _flatten((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+    tensors = list(tensors_in((args, kwargs, out)))
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     floating = [t.dtype for t in tensors if t.is_floating_point()]
     dtype = str(floating[-1]).removeprefix("torch.") if floating else "float32"
     return device.op_seconds(flops, nbytes, dtype)
 
 
-def _flatten(value):
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _flatten(item)
-    elif isinstance(value, dict):
-        yield from _flatten(list(value.values()))
-    else:
+def tensors_in(value):
+    """The tensors in `value`: a tensor, or lists, tuples and dicts of them
+    (an operation's arguments and results)."""
+    if isinstance(value, torch.Tensor):
         yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+    elif isinstance(value, dict):
+        yield from tensors_in(list(value.values()))
 
 
 def _nbytes(value) -> int:
-    return sum(t.numel() * t.element_size() for t in _flatten(value)
-               if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tensors_in(value))
 
 
 @functools.cache
