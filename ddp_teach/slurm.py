@@ -40,23 +40,27 @@ from ddp_teach.launcher.launch import kernel_store
 from ddp_teach.launcher.torchrun import TorchrunResult, free_port, run_commands
 
 TEMPLATE = """#!/bin/bash
-# {nodes} nodes x {nproc} processes, one torchrun per node.
+# {nodes} nodes x {nproc} processes, {what}.
 # Submit with: sbatch {name}
 #SBATCH --job-name={job_name}
 #SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node=1
+#SBATCH --ntasks-per-node={tasks}
 {resources}#SBATCH --time={time}
 #SBATCH --output=%x-%j.out
 
 set -euo pipefail
 
-# The first node of the allocation hosts torchrun's rendezvous store.
+# {meeting}
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=${{MASTER_PORT:-29500}}
 {threads}# The network the processes talk over (`ip addr` on a node), e.g.:
 # export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0
 
-# One task per node; each runs torchrun, which starts {nproc} workers.
+{launch}"""
+LAUNCHERS = {  # launcher -> (what, tasks per node, meeting point, launch lines)
+    "torchrun": ("one torchrun per node", "1",
+                 "The first node of the allocation hosts torchrun's rendezvous store.",
+                 """# One task per node; each runs torchrun, which starts {nproc} workers.
 srun torchrun \\
     --nnodes="$SLURM_NNODES" \\
     --nproc-per-node={nproc} \\
@@ -64,32 +68,18 @@ srun torchrun \\
     --rdzv-backend=c10d \\
     --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" \\
     {script}
-"""
-SRUN_TEMPLATE = """#!/bin/bash
-# {nodes} nodes x {nproc} processes, one srun task per process (no torchrun).
-# Submit with: sbatch {name}
-#SBATCH --job-name={job_name}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node={nproc}
-{resources}#SBATCH --time={time}
-#SBATCH --output=%x-%j.out
-
-set -euo pipefail
-
-# Every task meets the others at the first node of the allocation.
-export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export MASTER_PORT=${{MASTER_PORT:-29500}}
-{threads}# The network the processes talk over (`ip addr` on a node), e.g.:
-# export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0
-
-# srun starts {nproc} tasks per node; each gives SLURM's numbers torch's
+"""),
+    "srun": ("one srun task per process (no torchrun)", "{nproc}",
+             "Every task meets the others at the first node of the allocation.",
+             """# srun starts {nproc} tasks per node; each gives SLURM's numbers torch's
 # names, then becomes the training script ("$@": arguments after the
 # script's name, passed on).
 srun bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \\
     WORLD_SIZE=$SLURM_NTASKS LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE \\
     GROUP_RANK=$SLURM_NODEID
 exec python {script} "$@"' bash
-"""
+"""),
+}
 FAKE_SCONTROL = """#!/bin/sh
 # stand-in for SLURM's scontrol: knows only `show hostnames`
 [ "$1 $2" = "show hostnames" ] || { echo "fake scontrol: $*" >&2; exit 1; }
@@ -139,7 +129,7 @@ def sbatch_script(script, *, nodes=2, nproc_per_node=4, gpus_per_node=None,
     per node (`launcher="torchrun"`) or one srun task per worker
     (`launcher="srun"`); see the module's doc. cpus_per_task is per task:
     a torchrun's workers share it, an srun task has it to itself."""
-    if launcher not in ("torchrun", "srun"):
+    if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be 'torchrun' or 'srun'; got {launcher!r}")
     resources = ""
     if gpus_per_node:
@@ -150,10 +140,12 @@ def sbatch_script(script, *, nodes=2, nproc_per_node=4, gpus_per_node=None,
         if launcher == "torchrun" else "$SLURM_CPUS_PER_TASK"
     threads = (f"export OMP_NUM_THREADS={share}  # each worker's share of "
                "the cores\n" if cpus_per_task else "")
-    template = TEMPLATE if launcher == "torchrun" else SRUN_TEMPLATE
-    return template.format(nodes=nodes, nproc=nproc_per_node, name=name,
-                           job_name=job_name, resources=resources, time=time,
-                           threads=threads, script=script)
+    what, tasks, meeting, launch = LAUNCHERS[launcher]
+    return TEMPLATE.format(
+        what=what, tasks=tasks.format(nproc=nproc_per_node), meeting=meeting,
+        launch=launch.format(nproc=nproc_per_node, script=script), nodes=nodes,
+        nproc=nproc_per_node, name=name, job_name=job_name, resources=resources,
+        time=time, threads=threads)
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
