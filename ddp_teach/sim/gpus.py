@@ -95,8 +95,8 @@ class SimulatedGPUs:
 
     def __init__(self, n: int, simulation, python_s_per_op: float = 2e-6):
         """python_s_per_op: how long issuing one operation holds the GIL.
-        Eager PyTorch's per-operation overhead is of the order of 10 us
-        (notebook 02 measures it on your CPU); set your own."""
+        2 us is what one small eager operation costs from Python on the
+        course's test CPU (notebook 02 measures yours); set your own."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1 (the number of devices); got {n!r}")
         if not (python_s_per_op >= 0 and math.isfinite(python_s_per_op)):
