@@ -129,7 +129,7 @@ def _every_submodule() -> list[str]:
 
 def test_the_package_has_the_layout_the_readme_describes():
     names = set(_every_submodule())
-    for folder in ("launcher", "tracing", "exercises", "sim"):
+    for folder in ("launcher", "tracing", "exercises", "sim", "fsdp"):
         assert f"ddp_teach.{folder}" in names
     assert "ddp_teach.launcher.protocol" in names
     checkers = [n for n in names if n.startswith("ddp_teach.exercises.nb")]
