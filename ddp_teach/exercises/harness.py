@@ -16,7 +16,9 @@ wrong by luck of timing: over gloo on one machine a message usually lands
 at once. `lands_on_wait` takes the luck out: inside it a receive (or an
 async all-reduce the checker starts) fills its tensor only when its work's
 `wait()` returns, and until then the tensor holds a poison value, so such
-code fails its check every time, with `READ_BEFORE_WAIT_HINT`.
+code fails its check every time, with `READ_BEFORE_WAIT_HINT`. The same
+holds for a future: callbacks chained with `.then()` see the result, code
+that reads the tensor before the future completes sees the poison.
 """
 import contextlib
 
@@ -58,28 +60,47 @@ def is_poisoned(value) -> bool:
 
 
 class _LandsOnWait:
-    """A work whose `wait()` also copies each landing buffer into the
-    tensor the caller gave (once)."""
+    """A work whose `wait()`, or its future's completion, also copies each
+    landing buffer into the tensor the caller gave (once)."""
 
     def __init__(self, work, landings):
         self._work, self._landings = work, landings
 
     def wait(self, *args, **kwargs):
         result = self._work.wait(*args, **kwargs)
+        self._land()
+        return result
+
+    def get_future(self):
+        """The work's future, whose callbacks (`.then`) see the landed
+        tensors: what a DDP communication hook chains on."""
+        tensors = [tensor for _, tensor in self._landings]
+
+        def landed(_future):
+            self._land()
+            return tensors
+        return self._work.get_future().then(landed)
+
+    def _land(self):
         for landing, tensor in self._landings:
             tensor.copy_(landing)
         self._landings = []
-        return result
 
     def __getattr__(self, name):
         return getattr(self._work, name)
 
 
-def all_reduce_landing_on_wait(tensor: torch.Tensor):
-    """`dist.all_reduce(tensor, async_op=True)` whose sum lands in `tensor`
-    only at `wait()` (poison until then)."""
+def all_reduce_landing_on_wait(tensor: torch.Tensor, *args, **kwargs):
+    """`dist.all_reduce(tensor, ..., async_op=True)` whose result lands in
+    `tensor` only at `wait()` or when its future completes (poison until
+    then)."""
+    return _all_reduce_landing(dist.all_reduce, tensor, *args, **kwargs)
+
+
+def _all_reduce_landing(all_reduce, tensor, *args, **kwargs):
+    kwargs["async_op"] = True
     landing = tensor.clone()
-    work = dist.all_reduce(landing, async_op=True)
+    work = all_reduce(landing, *args, **kwargs)
     poison(tensor)
     return _LandsOnWait(work, [(landing, tensor)])
 
@@ -106,11 +127,18 @@ class _IrecvLandingOnWait:
 
 @contextlib.contextmanager
 def lands_on_wait():
-    """Inside: `dist.irecv`, alone or in `dist.batch_isend_irecv`, receives
-    into a buffer of its own and copies into the caller's tensor when the
-    work's `wait()` returns; the tensor holds poison until then."""
+    """Inside: `dist.irecv`, alone or in `dist.batch_isend_irecv`, and
+    `dist.all_reduce(..., async_op=True)` work on a buffer of their own and
+    copy into the caller's tensor when the work's `wait()` returns (or its
+    future completes); the tensor holds poison until then."""
     real_irecv, real_batch = dist.irecv, dist.batch_isend_irecv
+    real_all_reduce = dist.all_reduce
     irecv = _IrecvLandingOnWait(real_irecv)
+
+    def all_reduce(tensor, *args, **kwargs):
+        if kwargs.get("async_op"):
+            return _all_reduce_landing(real_all_reduce, tensor, *args, **kwargs)
+        return real_all_reduce(tensor, *args, **kwargs)
 
     def batch_isend_irecv(p2p_op_list):
         ops, landings = [], []
@@ -131,10 +159,12 @@ def lands_on_wait():
         return [_LandsOnWait(w, everything) for w in works]
 
     dist.irecv, dist.batch_isend_irecv = irecv, batch_isend_irecv
+    dist.all_reduce = all_reduce
     try:
         yield
     finally:
         dist.irecv, dist.batch_isend_irecv = real_irecv, real_batch
+        dist.all_reduce = real_all_reduce
 
 
 def attempt(call, *args):

@@ -14,7 +14,8 @@ the 16-bit sum, fp32 on the wire) so the hint names the one made.
 import torch
 import torch.distributed as dist
 
-from ddp_teach.exercises.harness import run_learner_code
+from ddp_teach.exercises.harness import (is_poisoned, lands_on_wait,
+                                        run_learner_code)
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
 
@@ -104,21 +105,26 @@ def _bucket_values(rank):
 
 
 def _hook_on_ranks(rank, world_size, fn):
-    sent, original = [], dist.all_reduce
+    """The hook called on a bucket directly. Its async all-reduce lands only
+    when the work's future completes (`lands_on_wait`), so a hook that reads
+    the result before that reads poison, every time."""
+    sent = []
+    with lands_on_wait():
+        original = dist.all_reduce
 
-    def spy(tensor, *args, **kwargs):
-        sent.append(str(tensor.dtype))
-        return original(tensor, *args, **kwargs)
-    dist.all_reduce = spy
-    try:
-        future = fn(None, _Bucket(_bucket_values(rank)))
-    except NotImplementedError:
-        return NOT_ATTEMPTED
-    finally:
-        dist.all_reduce = original
-    if not isinstance(future, torch._C.Future):  # torch.futures.Future or c10d's
-        return {"returned": type(future).__name__}
-    value = future.wait()
+        def spy(tensor, *args, **kwargs):
+            sent.append(str(tensor.dtype))
+            return original(tensor, *args, **kwargs)
+        dist.all_reduce = spy
+        try:
+            future = fn(None, _Bucket(_bucket_values(rank)))
+        except NotImplementedError:
+            return NOT_ATTEMPTED
+        finally:
+            dist.all_reduce = original
+        if not isinstance(future, torch._C.Future):  # torch.futures.Future or c10d's
+            return {"returned": type(future).__name__}
+        value = future.wait()
     value = value[0] if isinstance(value, list) else value
     return {"value": value.float(), "sent": sent, "ddp_error": _ddp_error(fn)}
 
@@ -165,6 +171,12 @@ def check_compression_hook(fn) -> Verdict:
             got = result["value"]
             shown = where + (f"the bucket averaged should be {mean.tolist()}, "
                              f"got {got.tolist()}.\nHint: ")
+            if is_poisoned(got):
+                return Verdict(WRONG, shown + "the result was read before the "
+                               "all-reduce finished (it still held the checker's "
+                               "poison, NaN). Copy it into the bucket in the "
+                               "function you pass to work.get_future().then(...): "
+                               "that runs once the all-reduce is done.")
             finite = torch.isfinite(got)
             if torch.allclose(got[finite], mean[finite] * world_size, rtol=1e-2):
                 return Verdict(WRONG, shown + "that is the sum: divide by the "

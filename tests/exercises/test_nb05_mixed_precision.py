@@ -81,6 +81,16 @@ def forgets_the_buffer(process_group, bucket):
                                   if buffer.numel() > 5 else f.value()[0])
 
 
+def copies_before_the_all_reduce_finished(process_group, bucket):
+    """Starts the 16-bit all-reduce, then copies its result back at once:
+    right only when the all-reduce happened to finish first."""
+    buffer = bucket.buffer()
+    compressed = buffer.half().div_(dist.get_world_size())
+    work = dist.all_reduce(compressed, async_op=True)
+    buffer.copy_(compressed)
+    return work.get_future().then(lambda _f: buffer)
+
+
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("loss_scale_update", never_backs_off, "must multiply the scale by backoff_factor"),
     ("loss_scale_update", count_survives_overflow,
@@ -95,4 +105,6 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("compression_hook", sends_fp32, "nothing 16-bit crossed the wire"),
     ("compression_hook", returns_the_work, "not a torch.futures.Future"),
     ("compression_hook", forgets_the_buffer, "in torch's DDP the gradients were off"),
+    ("compression_hook", copies_before_the_all_reduce_finished,
+     "read before the all-reduce finished"),
 ]
