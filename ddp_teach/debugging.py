@@ -1,0 +1,158 @@
+"""Find what went wrong on which rank: replicas that drift, a NaN that spreads.
+
+Data parallelism promises identical replicas: every rank holds the same
+parameters and buffers after every step. When a bug breaks that promise
+(no initial broadcast, BatchNorm statistics kept per rank, a random op
+seeded by rank), training goes on without an error and the replicas drift
+apart. `ReplicaWatch` catches it: after each step every rank fingerprints
+every parameter and buffer, the fingerprints are all-gathered, and the
+first step at which a tensor differs is kept, with which ranks agree.
+
+A NaN or inf on one rank is the opposite: the all-reduce spreads it to every
+rank within one step, so the loss is NaN everywhere and the rank where it
+started is hidden. `nonfinite_ranks` asks every rank whether it holds one,
+and `FirstNonFinite` names the first layer whose output (in forward) or
+whose backward's result (in backward) is not finite. torch's own tool for the
+second is `torch.autograd.detect_anomaly()`, which names the backward
+operation; this one names the module, and costs one check per layer.
+"""
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def fingerprint(tensor: torch.Tensor) -> int:
+    """A 63-bit hash of the tensor's bytes: equal tensors, equal prints; one
+    bit changed, a different print (in all but 1 of 2**63 cases)."""
+    data = tensor.detach().contiguous().cpu().view(-1).view(torch.uint8)
+    digest = hashlib.blake2b(data.numpy().tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _device_for_collectives() -> torch.device:
+    """nccl moves only GPU tensors; gloo, CPU ones."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _all_gather_ints(values: list) -> torch.Tensor:
+    """[world_size, len(values)]: every rank's values (int64)."""
+    mine = torch.tensor(values, dtype=torch.int64, device=_device_for_collectives())
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return torch.stack(everyone).cpu()
+
+
+@dataclass
+class Mismatch:
+    """A tensor that is not the same on every rank: `groups` lists the
+    ranks that agree with each other, largest group first."""
+    name: str
+    groups: list
+
+    def __str__(self) -> str:
+        return f"{self.name}: ranks " + " | ".join(
+            str(group) for group in self.groups)
+
+
+def compare_replicas(module: nn.Module) -> list:
+    """The parameters and buffers of `module` that differ between ranks, as
+    `Mismatch`es, in `named_parameters()` then `named_buffers()` order. A
+    collective: every rank calls it, with the same module structure."""
+    named = list(module.named_parameters()) + list(module.named_buffers())
+    counts = _all_gather_ints([len(named)])[:, 0].tolist()
+    if len(set(counts)) > 1:
+        raise ValueError(f"the ranks hold different numbers of parameters "
+                         f"and buffers ({counts}): they are not replicas of "
+                         f"one model; build the same model on every rank")
+    prints = _all_gather_ints([fingerprint(tensor) for _, tensor in named])
+    mismatches = []
+    for column, (name, _) in enumerate(named):
+        groups = {}
+        for rank, value in enumerate(prints[:, column].tolist()):
+            groups.setdefault(value, []).append(rank)
+        if len(groups) > 1:
+            mismatches.append(Mismatch(name, sorted(groups.values(),
+                                                    key=lambda g: (-len(g), g))))
+    return mismatches
+
+
+class ReplicaWatch:
+    """Call `check(step)` on every rank after each step: it compares the
+    replicas and keeps, for each tensor, the first step at which it differed.
+    `first` is the earliest (step, Mismatch), or None while all agree."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.first_seen = {}  # name -> (step, Mismatch)
+
+    def check(self, step: int) -> list:
+        mismatches = compare_replicas(self.module)
+        for mismatch in mismatches:
+            self.first_seen.setdefault(mismatch.name, (step, mismatch))
+        return mismatches
+
+    @property
+    def first(self):
+        if not self.first_seen:
+            return None
+        return min(self.first_seen.values(), key=lambda seen: seen[0])
+
+    def report(self) -> str:
+        if not self.first_seen:
+            return "the replicas agree: every parameter and buffer is the same on every rank"
+        lines = [f"step {step}: {mismatch}"
+                 for step, mismatch in sorted(self.first_seen.values(),
+                                              key=lambda seen: seen[0])]
+        return "first step at which each tensor differed:\n  " + "\n  ".join(lines)
+
+
+def nonfinite_ranks(*tensors: torch.Tensor) -> list:
+    """The ranks on which any of `tensors` holds a NaN or an inf (a
+    collective). Call it on the loss, or the gradients, before the
+    all-reduce spreads the NaN to every rank."""
+    bad = any(not torch.isfinite(t.detach()).all() for t in tensors)
+    flags = _all_gather_ints([int(bad)])[:, 0].tolist()
+    return [rank for rank, flag in enumerate(flags) if flag]
+
+
+class FirstNonFinite:
+    """Inside `with FirstNonFinite(model) as probe:`, forward and backward
+    note where a NaN or an inf first appeared, as module names (or None):
+    `probe.forward`, the first module whose output held one; `probe.backward`,
+    the first module whose backward produced one (the gradient of its
+    input). On leaving, the hooks go."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.forward = None
+        self.backward = None
+        self._handles = []
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            if name:
+                self._handles.append(module.register_forward_hook(
+                    lambda _m, args, out, name=name: self._look(name, args, out)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _look(self, name, args, out) -> None:
+        if isinstance(out, torch.Tensor) and out.is_floating_point() \
+                and self.forward is None and not torch.isfinite(out.detach()).all():
+            self.forward = name
+        for tensor in args:
+            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                tensor.register_hook(lambda grad: self._look_at_gradient(name, grad))
+
+    def _look_at_gradient(self, name, grad) -> None:
+        if self.backward is None and not torch.isfinite(grad).all():
+            self.backward = name
