@@ -33,6 +33,7 @@ torch's hooks and `dt.amp`'s 16-bit ones work here too. Not done here: bucket
 rebuilding after the first iteration, buffer broadcast at every forward.
 """
 import contextlib
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -99,6 +100,35 @@ def finish_buckets(buckets: list, world_size: int) -> None:
             offset += size
 
 
+def _check_bucket_cap(bucket_cap_mb) -> None:
+    """A ValueError unless `bucket_cap_mb` is None or a number >= 0. Checked
+    before any communication, so every rank refuses at once, none hangs."""
+    if bucket_cap_mb is None:
+        return
+    if (isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, numbers.Real)
+            or not bucket_cap_mb >= 0):
+        raise ValueError(
+            f"bucket_cap_mb must be a number >= 0 or None, got {bucket_cap_mb!r}: "
+            f"it is the size of a gradient bucket in MiB (torch's default is "
+            f"25; 0 gives one bucket per parameter, None one bucket for all)")
+
+
+def _trainable_parameters(module: torch.nn.Module) -> list:
+    """The parameters DDP averages: those that require a gradient. None is a
+    RuntimeError, as in torch's DDP: there would be no bucket to reduce.
+    Checked before any communication, so every rank refuses, none hangs."""
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    if not trainable:
+        count = sum(1 for _ in module.parameters())
+        raise RuntimeError(
+            f"DistributedDataParallel needs a module with a parameter that "
+            f"requires a gradient; this {type(module).__name__} has {count} "
+            f"parameters{', all frozen' if count else ''}. With nothing to "
+            f"average, run it without DDP, or unfreeze the parameters to "
+            f"train (param.requires_grad_(True)) before wrapping it")
+    return trainable
+
+
 class Bucket:
     """A flat buffer holding some parameters' gradients back to back."""
 
@@ -155,13 +185,14 @@ class DistributedDataParallel(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, bucket_cap_mb: float | None = 25.0,
                  find_unused_parameters: bool = False):
         super().__init__()
+        _check_bucket_cap(bucket_cap_mb)
+        trainable = _trainable_parameters(module)
         self.module = module
         self.find_unused_parameters = find_unused_parameters
         self.world_size = dist.get_world_size()
         with torch.no_grad():
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor.data, src=0)
-        trainable = [p for p in module.parameters() if p.requires_grad]
         cap = None if bucket_cap_mb is None else bucket_cap_mb * MIB
         groups = []
         for dtype in dict.fromkeys(p.dtype for p in trainable):  # one dtype a bucket

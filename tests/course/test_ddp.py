@@ -496,3 +496,41 @@ def test_wrapping_a_module_again_replaces_the_old_wrappers_hooks():
                if e.name.startswith("bucket")]
     assert len(reduces) == 1
     torch.testing.assert_close(result[0], result[1])
+
+
+def refusals_worker(rank, world_size):
+    """What each bad construction raised on this rank: (type, message), or
+    "accepted"."""
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    cases = {"no parameters": lambda: DistributedDataParallel(nn.ReLU()),
+             "all frozen": lambda: DistributedDataParallel(frozen),
+             "negative cap": lambda: DistributedDataParallel(
+                 nn.Linear(2, 2), bucket_cap_mb=-1),
+             "cap not a number": lambda: DistributedDataParallel(
+                 nn.Linear(2, 2), bucket_cap_mb="25")}
+    refused = {}
+    for case, construct in cases.items():
+        try:
+            construct()
+        except (RuntimeError, ValueError) as error:
+            refused[case] = (type(error).__name__, str(error))
+        else:
+            refused[case] = "accepted"
+    return refused
+
+
+def test_bad_modules_and_caps_are_refused_on_every_rank_with_what_to_do():
+    """torch's DDP refuses a module with nothing to train (a RuntimeError);
+    a negative or non-numeric cap is a ValueError that says what the cap is."""
+    for refused in dt.run(refusals_worker, 2, timeout=RUN_TIMEOUT):
+        for case in ("no parameters", "all frozen"):
+            kind, message = refused[case]
+            assert kind == "RuntimeError", refused[case]
+            assert "requires a gradient" in message and "without DDP" in message
+        assert "ReLU has 0 parameters." in refused["no parameters"][1]
+        assert "Linear has 2 parameters, all frozen" in refused["all frozen"][1]
+        for case, shown in (("negative cap", "-1"), ("cap not a number", "'25'")):
+            kind, message = refused[case]
+            assert kind == "ValueError", refused[case]
+            assert f"bucket_cap_mb must be a number >= 0 or None, got {shown}" in message
+            assert "in MiB (torch's default is 25" in message
