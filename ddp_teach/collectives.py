@@ -10,6 +10,10 @@ use; each works for any world size >= 1, any tensor length >= 0 (lengths
 smaller than the world size or not divisible by it included) and for float
 and integer dtypes. They use the default process group.
 
+The three all-reduces behave as `dist.all_reduce` does with a tensor that
+requires grad (a parameter, say): its data is summed in place and autograd
+does not record it.
+
 Cost per rank, with p ranks and a tensor of n bytes (`ddp_teach.cost` has the
 formulas; a message costs alpha + bytes * beta):
 
@@ -225,9 +229,15 @@ def _binomial_tree(rank: int, world_size: int) -> tuple[int | None, list[int]]:
 def _in_place(tensor: torch.Tensor, algorithm) -> torch.Tensor:
     """Run `algorithm` on a flat contiguous view of `tensor` (a copy when
     `tensor` is not contiguous, copied back), so that the result lands in
-    `tensor` as `dist.all_reduce` does; returns `tensor`."""
-    flat = tensor.contiguous().view(-1)  # `tensor`'s own memory if contiguous
+    `tensor` as `dist.all_reduce` does; returns `tensor`.
+
+    It works on `tensor.detach()`, the same memory outside autograd, because
+    that is what `dist.all_reduce` does: a tensor that requires grad (a
+    parameter, or an activation) has its values summed in place, and
+    autograd neither records the sum nor refuses the in-place writes."""
+    data = tensor.detach()
+    flat = data.contiguous().view(-1)  # `tensor`'s own memory if contiguous
     algorithm(flat)
-    if not tensor.is_contiguous():
-        tensor.copy_(flat.view(tensor.shape))
+    if not data.is_contiguous():
+        data.copy_(flat.view(data.shape))
     return tensor

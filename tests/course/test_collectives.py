@@ -173,3 +173,34 @@ def allreduce_on_new_group(rank, world_size):
 def test_ring_allreduce_refuses_other_groups():
     messages = dt.run(allreduce_on_new_group, 2)
     assert all("only the default process group" in m for m in messages), messages
+
+
+def allreduce_requiring_grad(rank, world_size):
+    """Per all-reduce: a parameter's and an activation's values afterwards,
+    and whether autograd still sees them as before, next to gloo's."""
+    results = {}
+    for name in ("gloo",) + ALLREDUCES:
+        reduce = dist.all_reduce if name == "gloo" else getattr(collectives, name)
+        param = torch.nn.Parameter(torch.arange(4.0) + rank)
+        activation = param * 2  # not a leaf: has a grad_fn
+        reduce(param)
+        reduce(activation)
+        results[name] = {"param": param.detach().clone(), "is_leaf": param.is_leaf,
+                         "requires_grad": param.requires_grad,
+                         "activation": activation.detach().clone(),
+                         "grad_fn": type(activation.grad_fn).__name__}
+    return results
+
+
+def test_allreduce_of_a_tensor_requiring_grad_sums_its_data_like_gloo():
+    """dist.all_reduce sums a parameter in place outside autograd; ours must
+    too, rather than fail on autograd's in-place check."""
+    for results in dt.run(allreduce_requiring_grad, 2):
+        gloo = results["gloo"]
+        torch.testing.assert_close(gloo["param"], torch.arange(4.0) * 2 + 1)
+        for name in ALLREDUCES:
+            assert results[name]["is_leaf"] and results[name]["requires_grad"], name
+            assert results[name]["grad_fn"] == gloo["grad_fn"] == "MulBackward0"
+            torch.testing.assert_close(results[name]["param"], gloo["param"])
+            torch.testing.assert_close(results[name]["activation"],
+                                       gloo["activation"])
