@@ -12,7 +12,14 @@ and integer dtypes. They use the default process group.
 
 The three all-reduces behave as `dist.all_reduce` does with a tensor that
 requires grad (a parameter, say): its data is summed in place and autograd
-does not record it.
+does not record it. Where they differ is a tensor of a different length on
+some rank: gloo would abort the process (SIGABRT) when a message of the
+wrong size arrives, so each first checks, with one all-reduce of two
+integers, that every rank passes as many elements, and raises a ValueError
+on every rank if not. That check costs each call one small collective: a
+few alphas of latency and no bandwidth, which matters only for tensors
+small enough that latency is most of the time. It is traced as "size
+check" and is not counted in the costs below.
 
 Cost per rank, with p ranks and a tensor of n bytes (`ddp_teach.cost` has the
 formulas; a message costs alpha + bytes * beta):
@@ -31,6 +38,8 @@ Algorithms for Clusters of Workstations", JPDC 69(2), 2009 (the ring).
 """
 import torch
 import torch.distributed as dist
+
+from ddp_teach.tracing import labelled
 
 __all__ = ["ring_allreduce", "ring_reduce_scatter", "ring_all_gather",
            "naive_allreduce", "tree_allreduce", "fixed_collective_order"]
@@ -55,11 +64,14 @@ def ring_allreduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     time 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
     (`ddp_teach.cost.allreduce_time(n, p, link, "ring")`).
 
-    `group`: only the default group (None) is supported.
+    `group`: only the default group (None) is supported. Every rank must
+    pass as many elements: checked first, at the cost of one small all-reduce
+    (see `_require_same_numel`).
     """
     if group is not None and group is not dist.group.WORLD:
         raise ValueError("ring_allreduce supports only the default process "
                          "group; pass group=None")
+    _require_same_numel(tensor, "ring_allreduce")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     owned = (rank + 1) % world_size  # the chunk rank r finishes, as in the paper
 
@@ -109,6 +121,8 @@ def naive_allreduce(tensor: torch.Tensor) -> torch.Tensor:
     p-1: its link carries 2(p-1) n bytes, so the time grows linearly with p,
     about 2(p-1)(alpha + n beta). The baseline the other two improve on.
     """
+    _require_same_numel(tensor, "naive_allreduce")
+
     def through_rank_zero(flat):
         world_size = dist.get_world_size()
         if dist.get_rank() != 0:
@@ -138,6 +152,8 @@ def tree_allreduce(tensor: torch.Tensor) -> torch.Tensor:
     (`ddp_teach.cost.allreduce_time(n, p, link, "tree")`; Thakur et al. 2005).
     Works for any p: where p is not a power of two some subtrees are missing.
     """
+    _require_same_numel(tensor, "tree_allreduce")
+
     def reduce_then_broadcast(flat):
         parent, children = _binomial_tree(dist.get_rank(), dist.get_world_size())
         received = torch.empty_like(flat)
@@ -224,6 +240,29 @@ def _binomial_tree(rank: int, world_size: int) -> tuple[int | None, list[int]]:
         parent = rank - lowest_bit
     smaller_bits = [1 << k for k in range(lowest_bit.bit_length() - 1)]
     return parent, [rank + bit for bit in smaller_bits if rank + bit < world_size]
+
+
+def _require_same_numel(tensor: torch.Tensor, name: str) -> None:
+    """Raise a ValueError on every rank unless every rank's `tensor`
+    has as many elements, before any data moves.
+
+    Why: were the lengths to differ, a rank would receive a message of a size
+    it did not post, and gloo aborts the process (SIGABRT) with a message
+    about sizes that names neither the function nor the tensor. One all-reduce
+    (MAX) of (numel, -numel) gives every rank the largest and the smallest
+    count at once. Shapes may differ where the counts agree, as for
+    `dist.all_reduce`: the algorithms see only the flattened tensor."""
+    counts = torch.tensor([tensor.numel(), -tensor.numel()], device=tensor.device)
+    with labelled("size check"):
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    largest, smallest = counts[0].item(), -counts[1].item()
+    if largest != smallest:
+        raise ValueError(
+            f"{name} needs a tensor with the same number of elements on every "
+            f"rank, as dist.all_reduce does: this rank's has {tensor.numel()} "
+            f"(shape {tuple(tensor.shape)}), and the ranks' range from "
+            f"{smallest} to {largest}. Give every rank a tensor of the same "
+            f"shape (a rank with less data can pad with zeros).")
 
 
 def _in_place(tensor: torch.Tensor, algorithm) -> torch.Tensor:

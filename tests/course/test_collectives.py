@@ -153,8 +153,12 @@ def test_messages_sent_are_those_the_docstring_counts(name):
     world_size, numel = 5, NOT_DIVISIBLE  # chunks of 201, 201, 201, 200, 200
     timeline = dt.run(one_allreduce, world_size, args=(name, numel),
                       trace=True).timeline
-    assert {e.name for e in timeline} <= {"send", "isend", "recv", "irecv"}
+    assert {e.name for e in timeline} <= {"size check", "send", "isend", "recv",
+                                          "irecv"}
     for rank in range(world_size):
+        size_checks = [e.nbytes for e in timeline.for_rank(rank)
+                       if e.name == "size check"]
+        assert size_checks == [16], size_checks  # two int64 counts, once
         sent_bytes = [e.nbytes for e in timeline.for_rank(rank)
                       if e.name in ("send", "isend")]
         expected = expected_sends(name, rank, world_size, numel)
@@ -204,3 +208,37 @@ def test_allreduce_of_a_tensor_requiring_grad_sums_its_data_like_gloo():
             torch.testing.assert_close(results[name]["param"], gloo["param"])
             torch.testing.assert_close(results[name]["activation"],
                                        gloo["activation"])
+
+
+def allreduce_of_different_lengths(rank, world_size):
+    """Per all-reduce: the error of a length that differs on the last rank,
+    then the sum of tensors whose shapes differ but not their lengths."""
+    results = {}
+    for name in ALLREDUCES:
+        try:
+            getattr(collectives, name)(torch.ones(6 if rank == world_size - 1 else 4))
+            refused = "accepted"
+        except ValueError as error:
+            refused = str(error)
+        same_count = torch.ones((2, 3) if rank == 0 else (3, 2))
+        getattr(collectives, name)(same_count)
+        results[name] = (refused, same_count)
+    return results
+
+
+def test_allreduce_of_different_lengths_is_refused_on_every_rank():
+    """gloo would abort the process (SIGABRT); ours says what differs on
+    every rank, even where a rank's neighbours have its length, and, like
+    dist.all_reduce, sums tensors of different shapes but equal lengths."""
+    world_size = 3
+    per_rank = dt.run(allreduce_of_different_lengths, world_size)
+    for rank, results in enumerate(per_rank):
+        own = 6 if rank == world_size - 1 else 4
+        for name in ALLREDUCES:
+            refused, same_count = results[name]
+            assert refused.startswith(
+                f"{name} needs a tensor with the same number of elements on "
+                f"every rank"), refused
+            assert (f"this rank's has {own} (shape ({own},)), and the ranks' "
+                    f"range from 4 to 6") in refused, refused
+            assert torch.equal(same_count, torch.full_like(same_count, world_size))
