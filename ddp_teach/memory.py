@@ -18,6 +18,7 @@ Table 1; `measure_model_bytes` measures the same quantities on a live model.
 Sizes use decimal units (1 GB = 1e9 bytes), as the paper does. Activations,
 temporary buffers and fragmentation are not model states and are not counted.
 """
+import math
 import numbers
 
 import torch
@@ -39,9 +40,11 @@ def _check_stage(stage) -> None:
 
 
 def _check_non_negative(name: str, value) -> None:
+    """A count or a size: a real number >= 0 and finite (an infinite one
+    would make every result inf, which reads as an answer, not a mistake)."""
     if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not value >= 0):
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            or not 0 <= value < math.inf):
+        raise ValueError(f"{name} must be a number >= 0 and finite, got {value!r}")
 
 
 def zero_bytes_per_device(num_params, world_size, stage,

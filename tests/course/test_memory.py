@@ -94,6 +94,10 @@ def test_fp32_adam_is_4_4_8_bytes_and_the_defaults_stay_mixed_precision(stage):
     (dict(num_params=-1, world_size=4, stage=1), "num_params must be a number >= 0"),
     (dict(num_params="7.5B", world_size=4, stage=1), "num_params must be a number >= 0"),
     (dict(num_params=float("nan"), world_size=4, stage=1), "num_params must be a number >= 0"),
+    (dict(num_params=float("inf"), world_size=4, stage=1),
+     "num_params must be a number >= 0 and finite, got inf"),
+    (dict(num_params=10, world_size=4, stage=3, param_bytes=float("inf")),
+     "param_bytes must be a number >= 0 and finite, got inf"),
     (dict(num_params=10, world_size=4, stage=1, optimizer_bytes_per_param=-4),
      "optimizer_bytes_per_param must be a number >= 0"),
     (dict(num_params=10, world_size=4, stage=1, param_bytes=-2),
@@ -111,6 +115,8 @@ def test_comm_volume_validates_too():
         memory.zero_comm_volume(10, 5)
     with pytest.raises(ValueError, match="num_params must be a number >= 0"):
         memory.zero_comm_volume(-10, 0)
+    with pytest.raises(ValueError, match="num_params must be a number >= 0 and finite"):
+        memory.zero_comm_volume(float("inf"), 0)
 
 
 def small_model():
