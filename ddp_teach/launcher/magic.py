@@ -12,7 +12,20 @@ import shlex
 
 from ddp_teach.launcher.launch import run
 
-_PARSER = argparse.ArgumentParser(prog="%%ddp", add_help=False)
+USAGE = ("%%ddp [-n WORLD_SIZE] [--timeout SECONDS] [--backend auto|gloo|nccl] "
+         "[--trace] [--debug]")
+
+
+class _OptionsParser(argparse.ArgumentParser):
+    """argparse that raises instead of printing: a bad option becomes one
+    ValueError naming what was wrong, followed by the usage, instead of
+    argparse's usage on stderr plus a second one from the magic."""
+
+    def error(self, message):
+        raise ValueError(f"%%ddp: {message}\nusage: {USAGE}")
+
+
+_PARSER = _OptionsParser(prog="%%ddp", usage=USAGE, add_help=False)
 _PARSER.add_argument("-n", "--world-size", type=int, default=2)
 _PARSER.add_argument("--timeout", type=float, default=60.0)
 _PARSER.add_argument("--backend", default="auto")
@@ -52,11 +65,7 @@ def _used_names(source: str, user_ns: dict) -> dict:
 
 def register(ipython) -> None:
     def ddp(line, cell):
-        try:
-            options = _PARSER.parse_args(shlex.split(line))
-        except SystemExit:
-            raise ValueError("usage: %%ddp [-n WORLD_SIZE] [--timeout SECONDS] "
-                             "[--backend auto|gloo|nccl] [--trace] [--debug]") from None
+        options = _PARSER.parse_args(shlex.split(line))
         cell = "\n" + cell  # line numbers count the %%ddp line, as the learner sees
         ast.parse(cell)  # a syntax error is shown here, not from every rank
         filename = ipython.compile.cache(cell)  # makes tracebacks show the cell

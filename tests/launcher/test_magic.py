@@ -37,6 +37,19 @@ def test_bad_options_and_syntax_errors_are_reported_before_running(shell):
         shell.run_cell_magic("ddp", "-n 2", "def broken(:")
 
 
+@pytest.mark.parametrize("line, wrong", [
+    ("-n x", "argument -n/--world-size: invalid int value: 'x'"),
+    ("-n 2 --colour", "unrecognized arguments: --colour"),
+    ("--timeout", "argument --timeout: expected one argument")])
+def test_a_bad_option_is_one_error_that_says_what_was_wrong(shell, capsys, line, wrong):
+    """One message, with the usage once: none printed by argparse besides."""
+    with pytest.raises(ValueError) as error:
+        shell.run_cell_magic("ddp", line, "rank")
+    printed = capsys.readouterr()
+    assert str(error.value).startswith(f"%%ddp: {wrong}\nusage: %%ddp [-n WORLD_SIZE]")
+    assert printed.out == printed.err == ""
+
+
 def test_trace_option_gives_the_cell_a_timeline(shell):
     result = shell.run_cell_magic("ddp", "-n 2 --trace",
                                   "t = torch.ones(8)\ndist.all_reduce(t)\nrank")
