@@ -48,12 +48,35 @@ def exercise_named(name: str) -> Exercise:
     return REGISTRY[name]
 
 
+def _wrong_signature(exercise: Exercise, fn) -> str | None:
+    """Why `fn` cannot be called as the exercise cell's function is, or None.
+
+    Why first: the checker would call it anyway, and the TypeError would
+    come from inside the checker, on ranks, followed by a hint meant for
+    another mistake (one rank alone, say)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # none to read (some builtins): the checker tries it
+        return None
+    try:
+        signature.bind(*exercise.stub_parameter_names())
+    except TypeError as mismatch:
+        return (f"the checker calls {exercise.stub_signature()}, as the exercise "
+                f"cell defines it, but your function is "
+                f"{getattr(fn, '__name__', exercise.stub_name)}{signature}, which "
+                f"cannot be called so ({mismatch}). Give it the exercise cell's "
+                f"parameters, in that order, then run this cell again.")
+    return None
+
+
 def check(name: str, fn) -> bool:
     """Check the learner's `fn` for exercise `name`; print the verdict."""
     exercise = exercise_named(name)
     if not callable(fn):
         verdict = Verdict(WRONG, f"expected a function ({exercise.stub_name}), "
                                  f"got a {type(fn).__name__}")
+    elif (mismatch := _wrong_signature(exercise, fn)) is not None:
+        verdict = Verdict(WRONG, mismatch)
     else:
         verdict = exercise.checker(fn)
     print(f"{_MARK[verdict.status]} {exercise.title}: {verdict.status}")

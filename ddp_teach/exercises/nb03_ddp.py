@@ -238,7 +238,8 @@ register(Exercise(
     "ddp_teach.ddp:bucket_indices", check_bucket_assignment,
     ["Walk the parameter indices from the last to the first.",
      "Add each to the open bucket; close it once its bytes reach the cap "
-     "(the first bucket's cap is min(cap, first_cap))."]))
+     "(the first bucket's cap is min(cap, first_cap))."],
+    stub_parameters=("sizes_bytes", "cap_bytes", "first_cap_bytes")))
 register(Exercise(
     "ddp_grad_hook", "The gradient hook", "my_make_hook",
     "ddp_teach.ddp:make_allreduce_hook", check_grad_hook,

@@ -200,7 +200,9 @@ register(Exercise(
     "ddp_teach.sampler:rank_indices", check_sampler_split,
     ["Shuffle (or not) all indices with a generator seeded seed + epoch.",
      "Pad (or, with drop_last, cut) to a multiple of num_replicas, then "
-     "rank r takes indices[r::num_replicas]."]))
+     "rank r takes indices[r::num_replicas]."],
+    stub_parameters=("length", "num_replicas", "rank", "shuffle", "seed", "epoch",
+                     "drop_last")))
 register(Exercise(
     "syncbn_stats", "SyncBatchNorm's statistics", "my_global_stats",
     "ddp_teach.syncbn:global_batch_stats", check_syncbn_stats,

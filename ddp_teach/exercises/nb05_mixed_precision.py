@@ -209,7 +209,9 @@ register(Exercise(
            "Overflow: scale * backoff_factor, and the count of clean steps "
            "goes back to 0. Clean: the count goes up by one.",
            "When the count reaches growth_interval, multiply the scale by "
-           "growth_factor and set the count back to 0."]))
+           "growth_factor and set the count back to 0."],
+    stub_parameters=("scale", "growth_tracker", "found_inf", "growth_factor",
+                     "backoff_factor", "growth_interval")))
 
 register(Exercise(
     name="compression_hook", title="A 16-bit gradient compression hook",
