@@ -15,8 +15,15 @@ and `FirstNonFinite` names the first layer whose output (in forward) or
 whose backward's result (in backward) is not finite. torch's own tool for the
 second is `torch.autograd.detect_anomaly()`, which names the backward
 operation; this one names the module, and costs one check per layer.
+
+A hang is found with torch's flight recorder: with TORCH_FR_BUFFER_SIZE=N
+set before the process group starts, every rank keeps its last N
+collectives (operation, sequence number, sizes, state). `flight_record`
+reads this rank's; side by side, the first sequence number at which ranks
+disagree is the bug.
 """
 import hashlib
+import json
 from dataclasses import dataclass
 
 import torch
@@ -111,6 +118,33 @@ class ReplicaWatch:
         return "first step at which each tensor differed:\n  " + "\n  ".join(lines)
 
 
+def differing_tensors(model: nn.Module) -> list:
+    """The names of the parameters and buffers of `model` that are not
+    the same on every rank (a collective): `compare_replicas`, names only."""
+    return [mismatch.name for mismatch in compare_replicas(model)]
+
+
+def dataset_mean(local_losses: torch.Tensor) -> torch.Tensor:
+    """The mean of every value on every rank, when ranks hold different
+    numbers of them (the last batch of an epoch, a sampler with
+    drop_last=False): all-reduce the sum and the count, then divide. The
+    mean of the ranks' means weighs a rank of 1 sample like a rank of 100."""
+    sum_and_count = torch.stack([local_losses.sum().double(),
+                                 torch.tensor(local_losses.numel(), dtype=torch.float64)])
+    dist.all_reduce(sum_and_count)
+    return sum_and_count[0] / sum_and_count[1]
+
+
+def strip_ddp_prefix(state_dict: dict) -> dict:
+    """The state dict of `DistributedDataParallel(model)`, keyed as
+    `model`'s: DDP keeps the model as its attribute `module`, so every key
+    starts "module.". Only that leading prefix goes ("submodule.weight" or
+    "encoder.module.bias" keep theirs); a key without it is kept as it is.
+    torch has the same in place:
+    `torch.nn.modules.utils.consume_prefix_in_state_dict_if_present`."""
+    return {key.removeprefix("module."): value for key, value in state_dict.items()}
+
+
 def nonfinite_ranks(*tensors: torch.Tensor) -> list:
     """The ranks on which any of `tensors` holds a NaN or an inf (a
     collective). Call it on the loss, or the gradients, before the
@@ -156,3 +190,19 @@ class FirstNonFinite:
     def _look_at_gradient(self, name, grad) -> None:
         if self.backward is None and not torch.isfinite(grad).all():
             self.backward = name
+
+
+def flight_record() -> list:
+    """This rank's flight recorder entries, oldest first, each a dict with
+    `seq` (the collective's number in its group), `op` ("gloo:all_reduce"),
+    `sizes` (the input tensors' shapes) and `state` ("scheduled",
+    "started", "completed"). Empty unless TORCH_FR_BUFFER_SIZE was set
+    before the process group was created. torch writes the same record to
+    files itself when an nccl collective times out
+    (TORCH_NCCL_DUMP_ON_TIMEOUT=1); this reads it on demand, for gloo too,
+    from torch's own dump (torch/csrc/distributed/c10d/FlightRecorder)."""
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+    entries = json.loads(_dump_fr_trace_json()).get("entries", [])
+    return [dict(seq=e["collective_seq_id"], op=e["profiling_name"],
+                 sizes=e.get("input_sizes"), state=e.get("state"))
+            for e in entries]

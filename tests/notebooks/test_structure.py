@@ -1,0 +1,48 @@
+"""The structure every notebook shares, and what a learner's clone holds.
+
+Every notebook opens with its number and title, then its learning goals and
+prerequisites, and ends with a recap and further reading; it is stored
+without outputs (nbval and `make html` make them); and the README's course
+table lists it, so that a new notebook cannot be forgotten there.
+"""
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def level_two_headings(nb) -> list[str]:
+    return [line[3:].strip() for cell in nb.cells if cell.cell_type == "markdown"
+            for line in cell.source.splitlines() if line.startswith("## ")]
+
+
+def test_the_notebooks_are_numbered_without_gaps():
+    numbers = [int(path.name[:2]) for path in NOTEBOOKS]
+    assert numbers == list(range(len(NOTEBOOKS))), numbers
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_goals_and_prerequisites_first_recap_and_reading_last(path):
+    nb = nbformat.read(path, as_version=4)
+    assert re.match(rf"# {path.name[:2]} · \S", nb.cells[0].source), nb.cells[0].source[:60]
+    headings = level_two_headings(nb)
+    assert headings[:2] == ["Learning goals", "Prerequisites"], headings[:2]
+    assert headings[-2:] == ["Recap", "Further reading"], headings[-2:]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, cell.source[:60]
+
+
+def test_the_readme_course_table_lists_every_notebook():
+    readme = (ROOT / "README.md").read_text()
+    listed = re.findall(r"^\| `(\d\d_\w+)` \|", readme, re.MULTILINE)
+    assert listed == [path.stem for path in NOTEBOOKS]
