@@ -42,9 +42,12 @@ def failure_message(failures: dict[int, Failed], order: list[int],
     """Message for ranks that raised or died; the earliest one shown in full."""
     first = order[0]
     info = failures[first]
-    head = f"rank {first} failed with {info.type}: {_short(info.message)}"
-    lines = [head, "", f"Traceback from rank {first}:" if info.traceback
-             else "", info.traceback.rstrip()]
+    lines = [f"rank {first} failed with {info.type}: {_short(info.message)}"]
+    if info.traceback:
+        lines += ["", f"Traceback from rank {first}:", info.traceback.rstrip()]
+    if info.last_stderr:
+        lines += ["", f"The last lines rank {first} wrote to stderr:",
+                  _indent(info.last_stderr)]
     for rank in order[1:]:
         other = failures[rank]
         lines.append(f"rank {rank} failed too, later: "
@@ -56,7 +59,19 @@ def failure_message(failures: dict[int, Failed], order: list[int],
         lines.append(f"{_who(returned, 'had', 'had')} already returned while "
                      f"rank {first} was in a collective: a rank that skips a "
                      "collective its peers call makes them fail or wait.")
-    return "\n".join(line for line in lines if line is not None).strip()
+    return "\n".join(lines).strip()
+
+
+def failure_details(info: Failed) -> str:
+    """The whole story of one rank's failure, for `WorkerError.failures`: its
+    traceback, or for a rank that died, what happened and its last words (a
+    crash in C, such as gloo aborting, says why only on stderr)."""
+    if info.traceback:
+        return info.traceback
+    if info.last_stderr:
+        return (f"{info.message}\n\nIts last lines on stderr:\n"
+                f"{_indent(info.last_stderr)}")
+    return info.message
 
 
 def is_launcher_file(filename: str) -> bool:
@@ -134,6 +149,10 @@ def _short(message: str, limit: int = 240) -> str:
     """First line of a message, cut to `limit` characters for a heading."""
     first = message.strip().splitlines()[0] if message.strip() else ""
     return first if len(first) <= limit else first[:limit - 1] + "…"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.rstrip().splitlines())
 
 
 def _who(ranks, singular: str, plural: str) -> str:

@@ -80,7 +80,7 @@ class Monitor:
             now = time.monotonic()
             if failed and (now > min(r.failed_at for r in failed) + FAILURE_GRACE_S
                            or all(r.reported() for r in self.ranks)):
-                self._raise_failure(failed)
+                self._raise_failure()
             if now >= deadline:
                 self._raise_timeout()
             self._pump(min(deadline - now, 0.1))
@@ -113,14 +113,24 @@ class Monitor:
         if not chunk and rank.outcome is None:  # died without a word
             rank.failed_at, rank.failed_wall = time.monotonic(), time.time()
 
+    def _await_last_words(self, ranks: list[RankPipes]) -> None:
+        """Read what ranks that died left in their pipes, and their exit
+        codes (both arrive a little after the result pipe closes)."""
+        until = time.monotonic() + FAILURE_GRACE_S
+        while (time.monotonic() < until
+               and not all(rank.streams_closed() for rank in ranks)):
+            self._pump(0.05)
+        self._await_exits(ranks, wait_s=max(until - time.monotonic(), 0))
+
     def _death_report(self, rank: RankPipes) -> Failed:
         """What to say about a rank that exited without sending a result."""
-        self._await_exits([rank], wait_s=FAILURE_GRACE_S)
         code = self.server.exit_codes.get(rank.pid)
+        last_stderr = self.router.last_stderr(rank.rank)
         if code == EXIT_LAUNCHER_BUG:
             return Failed("LauncherError",
                           "ddp_teach's own worker code failed; its traceback "
-                          "is in the rank's output above. Please report it.")
+                          "is in the rank's output above. Please report it.",
+                          last_stderr=last_stderr)
         if code is None:  # the fork server died too: no exit code to read
             how = "ended"
         elif code < 0:
@@ -130,9 +140,12 @@ class Monitor:
         return Failed("WorkerDied",
                       f"the process {how} before the function returned "
                       "(os._exit(), a crash in C/C++ code, the out-of-memory "
-                      "killer, or a kill from outside)")
+                      "killer, or a kill from outside)", last_stderr=last_stderr)
 
-    def _raise_failure(self, failed: list[RankPipes]):
+    def _raise_failure(self):
+        self._await_last_words([r for r in self.ranks
+                                if r.failed_at is not None and r.outcome is None])
+        failed = [r for r in self.ranks if r.failed_at is not None]
         # A process that died without a word comes first: peers' errors are
         # usually echoes of it ("connection closed by peer"). Then by when the
         # failure happened on its rank, not when the kernel heard of it.
@@ -145,7 +158,7 @@ class Monitor:
         message = errors.failure_message(failures, [r.rank for r in failed],
                                          stopped, returned)
         raise errors.WorkerError(
-            message, {r: f.traceback or f.message for r, f in failures.items()},
+            message, {r: errors.failure_details(f) for r, f in failures.items()},
             failed[0].rank)
 
     def _raise_timeout(self):

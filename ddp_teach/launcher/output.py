@@ -8,9 +8,12 @@ who prints megabytes loses nothing even though the cell shows only the first
 `cell_limit` bytes (a browser tab stalls on more).
 """
 import codecs
+import collections
 import os
 
 CELL_LIMIT_BYTES = 1_000_000
+STDERR_TAIL_LINES = 15    # kept per rank for the error of a rank that died
+STDERR_TAIL_LINE_CHARS = 500
 
 
 class OutputRouter:
@@ -22,6 +25,8 @@ class OutputRouter:
         self._decoders = {(r, s): codecs.getincrementaldecoder("utf-8")("replace")
                           for r in range(world_size) for s in self._sinks}
         self._partial = {key: "" for key in self._decoders}
+        self._stderr_tails = {r: collections.deque(maxlen=STDERR_TAIL_LINES)
+                              for r in range(world_size)}
         self._logs = {r: open(os.path.join(log_dir, f"rank{r}.log"), "wb")
                       for r in range(world_size)}
         self.log_dir = log_dir
@@ -34,6 +39,7 @@ class OutputRouter:
         self._logs[rank].write(chunk)
         text = self._partial[rank, stream] + self._decoders[rank, stream].decode(chunk)
         *lines, self._partial[rank, stream] = text.split("\n")
+        self._keep_tail(rank, stream, lines)
         self._show(rank, stream, lines)
 
     def close(self, rank: int, stream: str) -> None:
@@ -42,13 +48,24 @@ class OutputRouter:
             b"", final=True)
         self._partial[rank, stream] = ""
         if tail:
+            self._keep_tail(rank, stream, [tail])
             self._show(rank, stream, [tail])
+
+    def last_stderr(self, rank: int) -> str:
+        """The last lines a rank wrote to stderr (cell limit or not): a rank
+        that crashed in C, gloo aborting say, tells its cause only there."""
+        return "\n".join(self._stderr_tails[rank])
 
     def finish(self) -> None:
         for log in self._logs.values():
             log.close()
         for sink in self._sinks.values():
             sink.flush()
+
+    def _keep_tail(self, rank: int, stream: str, lines: list[str]) -> None:
+        if stream == "err":
+            self._stderr_tails[rank].extend(
+                line[:STDERR_TAIL_LINE_CHARS] for line in lines)
 
     def _show(self, rank: int, stream: str, lines: list[str]) -> None:
         if not lines or self._cut:

@@ -80,3 +80,4 @@ class Failed:
     message: str
     traceback: str = ""         # from the learner's first frame on
     at: float | None = None     # wall-clock time of the failure, when known
+    last_stderr: str = ""       # a rank that died: its last lines on stderr

@@ -104,6 +104,17 @@ def test_mismatched_collectives_end_in_a_clear_error():
     run_expecting(dt.WorkerError, mismatched)
 
 
+def test_rank_aborted_in_c_shows_the_cause_from_its_stderr():
+    def shapes_differ(rank, world_size):
+        dist.all_reduce(torch.ones(4 if rank == 0 else 8))  # gloo aborts a rank
+
+    err = run_expecting(dt.WorkerError, shapes_differ)
+    cause = "Received data size doesn't match expected size"
+    assert "killed by signal SIGABRT" in str(err)
+    assert cause in str(err)
+    assert cause in err.failures[err.first_rank]
+
+
 def test_debug_mode_names_the_mismatched_collectives():
     err = run_expecting(dt.WorkerError, mismatched, debug=True)
     assert "mismatch between collectives" in str(err)

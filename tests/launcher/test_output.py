@@ -102,3 +102,16 @@ def test_cpp_logging_reaches_the_cell_and_import_time_env_is_honoured(capsys):
     assert "[rank 0] [I" in err and "[c10d]" in err  # glog lines from C++
     dt.run(lambda r, w: r, 2)
     assert "[c10d]" not in capsys.readouterr().err  # back to the quiet server
+
+
+def test_router_keeps_each_ranks_last_stderr_lines_past_the_cell_limit(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    router = OutputRouter(2, str(tmp_path), out, err, cell_limit=100)
+    router.feed(1, "err", "".join(f"line {i}\n" for i in range(100)).encode())
+    router.feed(1, "out", b"not stderr\n")
+    router.feed(1, "err", b"no newline at the end")
+    router.close(1, "err")
+    router.finish()
+    tail = router.last_stderr(1).splitlines()
+    assert tail[-2:] == ["line 99", "no newline at the end"]
+    assert "not stderr" not in tail and router.last_stderr(0) == ""

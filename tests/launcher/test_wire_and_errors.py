@@ -61,3 +61,13 @@ def test_failure_message_leads_with_the_first_rank_and_mentions_the_rest():
     assert text.startswith("rank 1 failed with ValueError: bad\n")
     assert "rank 0 failed too, later: RuntimeError: peer closed" in text
     assert "ranks 2, 4 were still running" in text
+
+
+def test_failure_message_of_a_rank_that_died_shows_its_last_stderr_lines():
+    died = Failed("WorkerDied", "the process was killed by signal SIGABRT",
+                  last_stderr="terminate called after throwing\n  what(): boom")
+    text = errors.failure_message({0: died}, [0], stopped=[1], returned=[])
+    assert "\n\n\n" not in text  # no run of empty lines where a traceback is not
+    assert "  what(): boom" in text.split("rank 0 wrote to stderr")[1]
+    assert "rank 1 was still running" in text
+    assert "what(): boom" in errors.failure_details(died)
