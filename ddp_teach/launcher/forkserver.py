@@ -124,7 +124,13 @@ class ForkServer:
         self.exit_codes: dict[int, int] = {}
         self._buffer = wire.MessageBuffer()
         self._reply = None
-        hello = wire.read_message(ours.fileno())
+        try:
+            hello = wire.read_message(ours.fileno())
+        except BaseException:  # an interrupt while torch loads: no one else
+            self.sock.close()  # holds this server, so it must not outlive us
+            self.process.kill()
+            self.process.wait()
+            raise
         if not isinstance(hello, Ready):
             self.close()
             raise RuntimeError(

@@ -6,6 +6,7 @@ import signal
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -187,4 +188,22 @@ def test_keyboard_interrupt_stops_every_worker_and_the_next_run_works():
     with pytest.raises(KeyboardInterrupt):
         dt.run(sleeper, 4, timeout=60)
     assert time.monotonic() - started < 1.5 + SLACK
+    assert dt.run(all_reduce_ones, 2) == [2.0, 2.0]
+
+
+def test_interrupt_while_the_fork_server_starts_leaves_no_server_behind(
+        monkeypatch):
+    from ddp_teach import launcher
+    from ddp_teach.launcher import wire
+
+    def interrupted(fd):
+        raise KeyboardInterrupt  # the stop button, while torch loads
+
+    dt.shutdown()  # so that the next run starts a server
+    monkeypatch.setattr(wire, "read_message", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        dt.run(all_reduce_ones, 2)
+    monkeypatch.undo()
+    assert launcher.current_fork_server() is None
+    assert psutil.Process().children(recursive=True) == []
     assert dt.run(all_reduce_ones, 2) == [2.0, 2.0]
