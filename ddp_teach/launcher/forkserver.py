@@ -12,7 +12,11 @@ The kernel talks to the server over a Unix socket pair: one byte that carries
 the workers' pipe descriptors (SCM_RIGHTS), then a `wire` message with the job.
 The server answers with the workers' pids, and later with each exit status.
 When the kernel goes away the socket reaches end-of-file and the server kills
-its workers and exits, so nothing outlives the notebook.
+its workers and exits, so nothing outlives the notebook. The server also
+checks that its parent is still the kernel (a process that forked the kernel
+may hold the socket open too). It does not use PR_SET_PDEATHSIG as the workers
+do: Linux sends that signal when the *thread* that started the process exits,
+and a run from a thread that then ends would take the server with it.
 """
 import os
 import select
@@ -24,7 +28,7 @@ import traceback
 from pathlib import Path
 
 from ddp_teach.launcher import wire
-from ddp_teach.launcher.procs import set_parent_death_signal, kill_group
+from ddp_teach.launcher.procs import kill_group
 from ddp_teach.launcher.protocol import Exited, Ready, StartWorkers, Started
 
 # torch._dynamo: the first optimizer.step() in a process imports it (~1.5 s
@@ -36,6 +40,7 @@ EXIT_LAUNCHER_BUG = 70  # a worker whose launcher code failed (see its stderr)
 # torch reads these once, at import: a change needs a new server
 IMPORT_TIME_VARS = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS")
 _REAP_INTERVAL_S = 0.005
+_PARENT_CHECK_S = 1.0  # how soon an idle server notices its kernel is gone
 _ENTRY = "from ddp_teach.launcher.forkserver import main; main()"
 
 
@@ -62,18 +67,18 @@ def _fork_worker(sock, rank: int, all_fds: list[int], job: bytes) -> int:
         os._exit(EXIT_LAUNCHER_BUG)
 
 
-def _serve(sock: socket.socket) -> None:
+def _serve(sock: socket.socket, kernel_pid: int) -> None:
     wire.write_message(sock.fileno(), Ready(os.getpid()))
     workers: set[int] = set()
     while True:
-        wait_s = _REAP_INTERVAL_S if workers else None
+        wait_s = _REAP_INTERVAL_S if workers else _PARENT_CHECK_S
         readable, _, _ = select.select([sock], [], [], wait_s)
-        if readable:
-            marker, fds, _, _ = socket.recv_fds(sock, 1, 253)
-            if not marker:  # the kernel is gone: take the workers with us
-                for pid in workers:
-                    kill_group(pid)
-                return
+        marker, fds = socket.recv_fds(sock, 1, 253)[:2] if readable else (None, [])
+        if marker == b"" or os.getppid() != kernel_pid:
+            for pid in workers:  # the kernel is gone: take the workers along
+                kill_group(pid)
+            return
+        if marker:
             request: StartWorkers = wire.read_message(sock.fileno())
             pids = []
             for rank in range(request.world_size):
@@ -92,14 +97,16 @@ def _serve(sock: socket.socket) -> None:
 
 
 def main() -> None:
-    """Entry point of the server process; argv[1] is its socket's fd."""
+    """Entry point of the server process; argv[1] is its socket's fd and
+    argv[2] the kernel's pid."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are the kernel's
-    set_parent_death_signal()
     sock = socket.socket(fileno=int(sys.argv[1]))
+    kernel_pid = int(sys.argv[2])
     import importlib
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
-    _serve(sock)
+    if os.getppid() == kernel_pid:  # else the kernel died while torch loaded
+        _serve(sock, kernel_pid)
     os._exit(0)  # skip interpreter teardown with torch loaded (~0.6 s)
 
 
@@ -116,7 +123,7 @@ class ForkServer:
         env["PYTHONPATH"] = os.pathsep.join(
             [package_root] + [p for p in [env.get("PYTHONPATH")] if p])
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _ENTRY, str(theirs.fileno())],
+            [sys.executable, "-c", _ENTRY, str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
             start_new_session=True)
         theirs.close()
@@ -147,8 +154,11 @@ class ForkServer:
 
     def start_workers(self, world_size: int, job: bytes, fds: list[int]):
         """Fork `world_size` workers; returns their pids in rank order."""
-        socket.send_fds(self.sock, [b"J"], fds)
-        wire.write_message(self.sock.fileno(), StartWorkers(world_size, job))
+        try:
+            socket.send_fds(self.sock, [b"J"], fds)
+            wire.write_message(self.sock.fileno(), StartWorkers(world_size, job))
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._died() from None
         while self._reply is None:
             self.read_notes()
         pids, self._reply = self._reply, None
@@ -157,17 +167,25 @@ class ForkServer:
     def read_notes(self) -> None:
         """Read what the server sent (blocks until something arrives): exit
         codes go to `exit_codes`, a pid list to the pending reply."""
-        chunk = self.sock.recv(1 << 16)
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except ConnectionResetError:  # it died before reading all we sent
+            chunk = b""
         if not chunk:
-            self.process.wait()
-            raise ConnectionError("the ddp_teach worker server (the process "
-                                  "that forks the workers) died during the "
-                                  "run; the next run starts a new one")
+            raise self._died()
         for note in self._buffer.feed(chunk):
             if isinstance(note, Exited):
                 self.exit_codes[note.pid] = note.code
             else:
                 self._reply = note.pids
+
+    def _died(self) -> ConnectionError:
+        """The error for a server found dead (killed from outside, say),
+        once it is reaped."""
+        self.process.wait()
+        return ConnectionError("the ddp_teach worker server (the process "
+                               "that forks the workers) died during the "
+                               "run; the next run starts a new one")
 
     def wait_readable(self, timeout_s: float) -> bool:
         """True when the server has sent something within timeout_s."""

@@ -1,9 +1,10 @@
 """Process hygiene: nothing a run starts may outlive it.
 
 Every worker leads its own process group, so one `killpg` ends the worker and
-anything it started (a DataLoader's helpers, say). On Linux each process also
-asks to be killed when its parent dies (`PR_SET_PDEATHSIG`), which covers a
-kernel that is killed outright and never gets to clean up.
+anything it started (a DataLoader's helpers, say). On Linux each worker also
+asks to be killed when its parent, the fork server, dies (`PR_SET_PDEATHSIG`),
+which covers a server that is killed outright and never gets to clean up.
+(The server itself watches its kernel instead: see `forkserver`.)
 """
 import ctypes
 import os
