@@ -7,7 +7,8 @@ order a run uses them:
 - `launch`: `run()` checks its input, starts the rendezvous store and asks
   the fork server for workers; `RunResult` is what comes back.
 - `pickling`: the learner's function, shipped by value (cloudpickle).
-- `forkserver`: one process that imported torch once and forks workers.
+- `forkserver`: one process that imported torch once and forks workers;
+  `kernel_server`: the kernel's one server, used by one run at a time.
 - `protocol` and `wire`: the typed messages kernel, server and workers send,
   and their framing on pipes and sockets.
 - `worker`: what a forked process does to become rank r.
@@ -19,7 +20,8 @@ order a run uses them:
   same programs under torch's own launcher.
 """
 from ddp_teach.launcher.errors import WorkerError, WorkerTimeout
-from ddp_teach.launcher.launch import RunResult, current_fork_server, run, shutdown
+from ddp_teach.launcher.kernel_server import current_fork_server, shutdown
+from ddp_teach.launcher.launch import RunResult, run
 
 __all__ = ["RunResult", "WorkerError", "WorkerTimeout", "current_fork_server",
            "run", "shutdown"]

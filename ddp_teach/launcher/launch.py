@@ -12,7 +12,6 @@ Rendezvous: the kernel binds a socket to 127.0.0.1 on port 0 (the OS picks a
 free port, so no race and no collision) and hands it to a `TCPStore`; gloo is
 pinned to the loopback interface. Nothing listens on other interfaces.
 """
-import atexit
 import inspect
 import math
 import os
@@ -22,7 +21,8 @@ import sys
 import time
 from datetime import timedelta
 
-from ddp_teach.launcher.forkserver import IMPORT_TIME_VARS, ForkServer
+from ddp_teach.launcher.kernel_server import (fork_server, one_run_at_a_time,
+                                               stop_server)
 from ddp_teach.launcher.monitor import Monitor, RankPipes
 from ddp_teach.launcher.output import OutputRouter
 from ddp_teach.launcher.pickling import dumps_call
@@ -33,7 +33,6 @@ from ddp_teach.launcher.errors import WorkerError
 
 MAX_WORLD_SIZE = 64
 PG_TIMEOUT_MARGIN_S = 30.0  # the kernel's timeout fires first, with stacks
-_server: ForkServer | None = None
 
 
 class RunResult(list):
@@ -68,6 +67,8 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     emulates a slower link: each collective takes at least alpha + bytes*beta.
     `simulate=dt.sim.Simulation(...)` runs every rank on a simulated GPU and
     link: results stay real, `.timeline` is in virtual time (ddp_teach.sim).
+    Runs from several threads take turns: a run waits until the one in
+    progress has returned (see `kernel_server`).
     """
     kwargs = {} if kwargs is None else kwargs
     _check_inputs(fn, world_size, args, kwargs, timeout, env)
@@ -77,18 +78,19 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
         trace = True
     backend = choose_backend(backend, world_size)
     call = dumps_call(fn, tuple(args), kwargs)
-    started = time.perf_counter()
-    server = _fork_server({**os.environ, **(env or {})})
-    run_dir = new_run_dir()
-    store, port = kernel_store(timeout)
-    job = _job(call, world_size, backend, port, timeout, env, debug, run_dir,
-               trace, network, simulate)
-    try:
-        outcomes = _launch_and_watch(server, job, world_size, timeout)
-    except WorkerError as error:  # raised here so the traceback is short: the
-        raise error.with_traceback(None) from None  # message has the remote one
-    finally:
-        del store  # closes the rendezvous socket
+    with one_run_at_a_time():
+        started = time.perf_counter()
+        server = fork_server({**os.environ, **(env or {})})
+        run_dir = new_run_dir()
+        store, port = kernel_store(timeout)
+        job = _job(call, world_size, backend, port, timeout, env, debug,
+                   run_dir, trace, network, simulate)
+        try:
+            outcomes = _launch_and_watch(server, job, world_size, timeout)
+        except WorkerError as error:  # raised here for a short traceback: the
+            raise error.with_traceback(None) from None  # message has the remote one
+        finally:
+            del store  # closes the rendezvous socket
     values = [_unpickle_value(rank, o.value) for rank, o in enumerate(outcomes)]
     timeline = None
     if trace:
@@ -99,30 +101,13 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
                      timeline)
 
 
-def current_fork_server() -> ForkServer | None:
-    """The fork server later runs will reuse, or None before the first run
-    (and after `shutdown`)."""
-    return _server
-
-
-def shutdown() -> None:
-    """Stop the fork server (the next run starts a new one)."""
-    global _server
-    if _server is not None:
-        _server.close()
-        _server = None
-
-
-atexit.register(shutdown)
-
-
 def _launch_and_watch(server, job, world_size, timeout):
     pipes = [os.pipe() for _ in range(3 * world_size)]
     try:
         pids = server.start_workers(world_size, pickle.dumps(job),
                                     [w for _, w in pipes])
     except BaseException:
-        shutdown()  # a server that failed mid-request is not trusted again
+        stop_server()  # a server that failed mid-request is not trusted again
         for r, _ in pipes:
             os.close(r)
         raise
@@ -191,20 +176,6 @@ def _unpickle_value(rank: int, data: bytes):
         raise WorkerError(f"rank {rank} returned a value the notebook cannot "
                           f"load: {type(exc).__name__}: {exc}",
                           {rank: str(exc)}, rank) from exc
-
-
-def _fork_server(run_env: dict[str, str]) -> ForkServer:
-    """The running fork server, or a new one when there is none, it died, or
-    the run sets a variable that torch only reads at import time (such as
-    TORCH_CPP_LOG_LEVEL) to a value the server's torch did not see."""
-    global _server
-    import_env = {k: run_env[k] for k in IMPORT_TIME_VARS if k in run_env}
-    if _server is not None and (not _server.alive()
-                                or _server.import_env != import_env):
-        shutdown()
-    if _server is None:
-        _server = ForkServer(import_env)
-    return _server
 
 
 def _check_simulation(simulate, network, backend: str) -> str:
