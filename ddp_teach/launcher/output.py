@@ -11,6 +11,8 @@ import codecs
 import collections
 import os
 
+from ddp_teach.launcher.rundirs import create_private_file
+
 CELL_LIMIT_BYTES = 1_000_000
 STDERR_TAIL_LINES = 15    # kept per rank for the error of a rank that died
 STDERR_TAIL_LINE_CHARS = 500
@@ -27,7 +29,8 @@ class OutputRouter:
         self._partial = {key: "" for key in self._decoders}
         self._stderr_tails = {r: collections.deque(maxlen=STDERR_TAIL_LINES)
                               for r in range(world_size)}
-        self._logs = {r: open(os.path.join(log_dir, f"rank{r}.log"), "wb")
+        self._logs = {r: open(create_private_file(
+                          os.path.join(log_dir, f"rank{r}.log")), "wb")
                       for r in range(world_size)}
         self.log_dir = log_dir
         self._shown = 0

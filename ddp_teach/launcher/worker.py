@@ -23,6 +23,7 @@ from ddp_teach.launcher import wire
 from ddp_teach.launcher.errors import is_launcher_file
 from ddp_teach.launcher.procs import set_parent_death_signal
 from ddp_teach.launcher.protocol import Failed, Job, Returned
+from ddp_teach.launcher.rundirs import create_private_file
 
 EXIT_FAILED = 1
 _IOLBF = 1  # setvbuf's "line buffered" mode
@@ -127,8 +128,8 @@ def _run(rank: int, job: Job) -> Returned | Failed:
     os.chdir(job.cwd)
     sys.path[:] = job.sys_path
     linecache.cache.update(job.cell_sources)
-    faulthandler.register(signal.SIGUSR1, all_threads=True,
-                          file=open(job.stack_files[rank], "w"))
+    faulthandler.register(signal.SIGUSR1, all_threads=True, file=open(
+        create_private_file(job.stack_files[rank]), "w"))
     try:
         fn, args, kwargs = cloudpickle.loads(job.call)
         _init_process_group(job, rank)
