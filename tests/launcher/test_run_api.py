@@ -1,5 +1,6 @@
 """The `dt.run` contract (README, "Running your own code on workers"): what a
 learner's function may be, what comes back, and what the workers see."""
+import linecache
 import math
 import os
 
@@ -193,3 +194,24 @@ def test_instant_functions_never_race_the_connection_setup():
     in 60 at world 4 on a loaded machine before the launcher's barrier."""
     for _ in range(20):
         assert dt.run(lambda rank, world_size: rank, 4) == [0, 1, 2, 3]
+
+
+CELLS = "/nonexistent-ddp-teach-cells/"  # a notebook's cells, as linecache has them
+SEEN_CELLS = '''def seen_cells(rank, world_size):
+    import linecache
+    return sorted(n for n in linecache.cache if n.startswith(CELLS))
+'''
+
+
+def test_a_run_ships_only_the_cells_its_code_comes_from(monkeypatch):
+    def add_cell(name, source):
+        monkeypatch.setitem(linecache.cache, name, (
+            len(source), None, source.splitlines(True), name))
+
+    for i in range(50):  # cells run earlier, which the job does not use
+        add_cell(f"{CELLS}unused-{i}.py", "x = 1\n" * 100)
+    used = f"{CELLS}used.py"
+    add_cell(used, SEEN_CELLS)
+    namespace = {"CELLS": CELLS}
+    exec(compile(SEEN_CELLS, used, "exec"), namespace)
+    assert dt.run(namespace["seen_cells"], 1) == [[used]]
