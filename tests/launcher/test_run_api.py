@@ -3,6 +3,7 @@ learner's function may be, what comes back, and what the workers see."""
 import linecache
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,3 +216,18 @@ def test_a_run_ships_only_the_cells_its_code_comes_from(monkeypatch):
     namespace = {"CELLS": CELLS}
     exec(compile(SEEN_CELLS, used, "exec"), namespace)
     assert dt.run(namespace["seen_cells"], 1) == [[used]]
+
+
+def test_the_readme_warns_that_local_users_can_reach_the_rendezvous_store():
+    from datetime import timedelta
+    store, port = launcher.launch.kernel_store(5.0)
+    stranger = dist.TCPStore("127.0.0.1", port, is_master=False,
+                             timeout=timedelta(seconds=5))
+    stranger.set("planted", "by anyone on this host")  # no credentials asked
+    assert store.get("planted") == b"by anyone on this host"
+    del stranger, store
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    notes = readme.split("## Troubleshooting")[1]
+    for fact in ("no authentication", "any user of this machine", "_object",
+                 "unpickle"):
+        assert fact in notes, f"the security note should mention {fact!r}"
