@@ -18,6 +18,7 @@ may hold the socket open too). It does not use PR_SET_PDEATHSIG as the workers
 do: Linux sends that signal when the *thread* that started the process exits,
 and a run from a thread that then ends would take the server with it.
 """
+import contextlib
 import os
 import select
 import signal
@@ -68,15 +69,24 @@ def _fork_worker(sock, rank: int, all_fds: list[int], job: bytes) -> int:
 
 
 def _serve(sock: socket.socket, kernel_pid: int) -> None:
-    wire.write_message(sock.fileno(), Ready(os.getpid()))
+    """Answer the kernel until it is gone, then kill the workers left."""
     workers: set[int] = set()
+    # a reset or a broken pipe: the kernel died in mid-conversation
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+        _answer(sock, kernel_pid, workers)
+    for pid in workers:
+        kill_group(pid)
+
+
+def _answer(sock: socket.socket, kernel_pid: int, workers: set[int]) -> None:
+    """Fork workers on request and report their exits, until end-of-file or
+    until the kernel is no longer this process's parent."""
+    wire.write_message(sock.fileno(), Ready(os.getpid()))
     while True:
         wait_s = _REAP_INTERVAL_S if workers else _PARENT_CHECK_S
         readable, _, _ = select.select([sock], [], [], wait_s)
         marker, fds = socket.recv_fds(sock, 1, 253)[:2] if readable else (None, [])
         if marker == b"" or os.getppid() != kernel_pid:
-            for pid in workers:  # the kernel is gone: take the workers along
-                kill_group(pid)
             return
         if marker:
             request: StartWorkers = wire.read_message(sock.fileno())

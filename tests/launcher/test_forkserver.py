@@ -23,13 +23,15 @@ def sum_of_ranks(rank, world_size):
 
 KERNEL = """
 import os, time
-from ddp_teach.launcher.forkserver import ForkServer
-server = ForkServer({})
+import ddp_teach as dt
+from ddp_teach import launcher
+dt.run(lambda rank, world_size: rank, 1)
+print(launcher.current_fork_server().pid, flush=True)
 if os.fork() == 0:  # a child of the kernel, holding the server's socket too
     time.sleep(120)
     os._exit(0)
-print(server.pid, flush=True)
-time.sleep(120)
+dt.run(lambda rank, world_size: print(os.getpid(), flush=True) or time.sleep(120),
+       2, timeout=300)
 """
 
 
@@ -86,15 +88,18 @@ def test_a_server_that_died_with_unread_requests_says_it_died(dead_server):
         dead_server.read_notes()
 
 
-def test_the_server_ends_with_its_kernel_even_if_a_fork_of_it_lives_on():
+def test_server_and_workers_end_with_their_kernel_even_if_a_fork_of_it_lives_on():
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL], env=env,
                               stdout=subprocess.PIPE, start_new_session=True)
     try:
         server = psutil.Process(int(kernel.stdout.readline()))
+        workers = [psutil.Process(int(kernel.stdout.readline().split()[-1]))
+                   for _ in range(2)]  # "[rank r] pid", printed mid-run
         kernel.kill()  # as a kernel killed from outside, with no clean-up
         kernel.wait()
-        server.wait(timeout=30)  # raises psutil.TimeoutExpired if it lives on
+        _, alive = psutil.wait_procs([server] + workers, timeout=30)
+        assert alive == []
     finally:
         os.killpg(kernel.pid, signal.SIGKILL)  # the kernel's forked child
         kernel.stdout.close()
