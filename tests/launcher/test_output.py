@@ -83,6 +83,7 @@ def test_each_kernel_keeps_its_own_run_folders(tmp_path, monkeypatch):
     base = tmp_path / f"ddp_teach-{os.getuid()}"
     other_live = base / "kernel-1" / "run-x"   # pid 1 always exists
     gone = base / "kernel-999999999" / "run-y"  # no such process
+    base.mkdir(mode=0o700)  # private whatever the umask, as new_run_dir asks
     other_live.mkdir(parents=True)
     gone.mkdir(parents=True)
     dirs = [rundirs.new_run_dir() for _ in range(rundirs.KEEP_RUN_DIRS + 5)]
