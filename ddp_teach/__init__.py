@@ -23,7 +23,8 @@ from ddp_teach import debugging                              # 09 bugs
 from ddp_teach import models, system, widgets                # used throughout
 # The tooling: running on ranks, timelines, checked exercises.
 from ddp_teach import exercises, launcher, sim, tracing
-from ddp_teach.launcher import RunResult, WorkerError, WorkerTimeout, run, shutdown
+from ddp_teach.launcher import (RunResult, WorkerError, WorkerTimeout, progress, run,
+                                shutdown)
 from ddp_teach.tracing import Timeline, span, trace_layers
 
 def _show_figures_as_pictures() -> None:
@@ -56,6 +57,6 @@ COURSE_MODULES = ("collectives", "cost", "diagrams", "dp", "ddp", "sampler",
                   "scripts", "slurm", "checkpoint", "paramserver", "pipeline",
                   "tensor_parallel", "debugging", "models", "system", "widgets")
 TOOLING_PACKAGES = ("exercises", "launcher", "sim", "tracing")
-__all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown",
+__all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown", "progress",
            "span", "trace_layers", "Timeline",
            *COURSE_MODULES, *TOOLING_PACKAGES]

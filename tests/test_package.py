@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # exercises use, found by reading them.
 PUBLIC_NAMES = [
     ("run", "function"), ("RunResult", "class"), ("WorkerError", "class"),
-    ("WorkerTimeout", "class"), ("shutdown", "function"), ("span", "class"),
+    ("WorkerTimeout", "class"), ("shutdown", "function"), ("progress", "function"),
+    ("span", "class"),
     ("trace_layers", "function"), ("Timeline", "class"),
     ("Timeline.compare", "function"),
     ("Timeline.after_last_barrier", "function"),
@@ -114,7 +115,7 @@ def test_all_names_exactly_the_public_modules_and_functions():
     on_disk = {m.name for m in pkgutil.iter_modules(dt.__path__)}
     assert modules == on_disk, "every module and folder of ddp_teach is public"
     assert set(dt.__all__) == modules | {
-        "run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown", "span",
+        "run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown", "progress", "span",
         "trace_layers", "Timeline"}
     assert len(dt.__all__) == len(set(dt.__all__))
 

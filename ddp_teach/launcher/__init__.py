@@ -13,7 +13,7 @@ order a run uses them:
   and their framing on pipes and sockets.
 - `worker`: what a forked process does to become rank r.
 - `monitor` and `output`: the kernel's watch over a run, and every rank's
-  output live in the cell.
+  output live in the cell; `progress_bars`: `dt.progress`, a bar per rank.
 - `errors`: the failure and hang reports; `procs`: nothing outlives a run;
   `rundirs`: where each run's logs and stacks go.
 - `magic`: the `%%ddp` cell magic; `torchrun` and `torchrun_loopback`: the
@@ -22,6 +22,7 @@ order a run uses them:
 from ddp_teach.launcher.errors import WorkerError, WorkerTimeout
 from ddp_teach.launcher.kernel_server import current_fork_server, shutdown
 from ddp_teach.launcher.launch import RunResult, run
+from ddp_teach.launcher.progress_bars import progress
 
 __all__ = ["RunResult", "WorkerError", "WorkerTimeout", "current_fork_server",
-           "run", "shutdown"]
+           "progress", "run", "shutdown"]

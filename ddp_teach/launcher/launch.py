@@ -25,6 +25,7 @@ from ddp_teach.launcher.kernel_server import (fork_server, one_run_at_a_time,
                                                stop_server)
 from ddp_teach.launcher.monitor import Monitor, RankPipes
 from ddp_teach.launcher.output import OutputRouter
+from ddp_teach.launcher.progress_bars import ProgressBars
 from ddp_teach.launcher.pickling import dumps_call
 from ddp_teach.launcher.protocol import Job
 from ddp_teach.launcher.rundirs import new_run_dir
@@ -116,7 +117,8 @@ def _launch_and_watch(server, job, world_size, timeout):
             os.close(w)
     ranks = [RankPipes(rank, pid, *(pipes[3 * rank + i][0] for i in range(3)))
              for rank, pid in enumerate(pids)]
-    router = OutputRouter(world_size, job.run_dir, sys.stdout, sys.stderr)
+    router = OutputRouter(world_size, job.run_dir, sys.stdout, sys.stderr,
+                          progress=ProgressBars(world_size, sys.stdout))
     try:
         return Monitor(server, ranks, router, timeout, job.stack_files).wait()
     finally:

@@ -22,8 +22,9 @@ class OutputRouter:
     """Turns raw per-rank chunks into prefixed lines in the cell and logs."""
 
     def __init__(self, world_size: int, log_dir: str, stdout, stderr,
-                 cell_limit: int = CELL_LIMIT_BYTES):
+                 cell_limit: int = CELL_LIMIT_BYTES, progress=None):
         self._sinks = {"out": stdout, "err": stderr}
+        self._progress = progress  # takes `dt.progress` reports out of stdout
         self._decoders = {(r, s): codecs.getincrementaldecoder("utf-8")("replace")
                           for r in range(world_size) for s in self._sinks}
         self._partial = {key: "" for key in self._decoders}
@@ -43,7 +44,7 @@ class OutputRouter:
         text = self._partial[rank, stream] + self._decoders[rank, stream].decode(chunk)
         *lines, self._partial[rank, stream] = text.split("\n")
         self._keep_tail(rank, stream, lines)
-        self._show(rank, stream, lines)
+        self._show(rank, stream, self._without_progress(rank, stream, lines))
 
     def close(self, rank: int, stream: str) -> None:
         """The stream ended: print its unfinished last line, if any."""
@@ -52,7 +53,7 @@ class OutputRouter:
         self._partial[rank, stream] = ""
         if tail:
             self._keep_tail(rank, stream, [tail])
-            self._show(rank, stream, [tail])
+            self._show(rank, stream, self._without_progress(rank, stream, [tail]))
 
     def last_stderr(self, rank: int) -> str:
         """The last lines a rank wrote to stderr (cell limit or not): a rank
@@ -69,6 +70,14 @@ class OutputRouter:
         if stream == "err":
             self._stderr_tails[rank].extend(
                 line[:STDERR_TAIL_LINE_CHARS] for line in lines)
+
+    def _without_progress(self, rank: int, stream: str, lines: list[str]) -> list[str]:
+        """The lines to print, once the progress reports among them are
+        drawn (the log file keeps everything as it came)."""
+        if stream != "out" or self._progress is None:
+            return lines
+        kept = (self._progress.take(rank, line) for line in lines)
+        return [line for line in kept if line is not None]
 
     def _show(self, rank: int, stream: str, lines: list[str]) -> None:
         if not lines or self._cut:

@@ -22,6 +22,7 @@ from datetime import timedelta
 from ddp_teach.launcher import wire
 from ddp_teach.launcher.errors import is_launcher_file
 from ddp_teach.launcher.procs import set_parent_death_signal
+from ddp_teach.launcher.progress_bars import report_to_kernel
 from ddp_teach.launcher.protocol import Failed, Job, Returned
 from ddp_teach.launcher.rundirs import create_private_file
 
@@ -132,6 +133,7 @@ def _run(rank: int, job: Job) -> Returned | Failed:
         create_private_file(job.stack_files[rank]), "w"))
     try:
         fn, args, kwargs = cloudpickle.loads(job.call)
+        report_to_kernel()  # dt.progress draws bars in the cell
         _init_process_group(job, rank)
         recorder = _install_recorder(job, rank)
         with recorder.running() if recorder else contextlib.nullcontext():
