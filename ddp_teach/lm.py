@@ -192,6 +192,8 @@ class TinyGPT(nn.Module):
 
 
 def count_parameters(model: nn.Module) -> int:
+    """Psi of notebook 06: how many numbers the parameters hold. With AdamW
+    in fp32, DDP keeps 16 bytes per number on every rank."""
     return sum(p.numel() for p in model.parameters())
 
 
