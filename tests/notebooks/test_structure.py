@@ -3,7 +3,8 @@
 Every notebook opens with its number and title, then its learning goals and
 prerequisites, and ends with a recap and further reading; it is stored
 without outputs (nbval and `make html` make them); and the README's course
-table lists it, so that a new notebook cannot be forgotten there.
+table and the welcome notebook's course map list it, so that a new notebook
+cannot be forgotten there.
 """
 import re
 from pathlib import Path
@@ -45,4 +46,11 @@ def test_stored_without_outputs(path):
 def test_the_readme_course_table_lists_every_notebook():
     readme = (ROOT / "README.md").read_text()
     listed = re.findall(r"^\| `(\d\d_\w+)` \|", readme, re.MULTILINE)
+    assert listed == [path.stem for path in NOTEBOOKS]
+
+
+def test_the_welcome_notebooks_course_map_lists_every_notebook():
+    welcome = nbformat.read(NOTEBOOKS[0], as_version=4)
+    text = "\n".join(cell.source for cell in welcome.cells if cell.cell_type == "markdown")
+    listed = re.findall(r"^\| `(\d\d_\w+)` \|", text, re.MULTILINE)
     assert listed == [path.stem for path in NOTEBOOKS]
