@@ -307,9 +307,12 @@ def bandwidth_sweep(world_size: int = 2, sizes=None, op: str = "all_reduce",
 
 
 def _median_seconds(rank, world_size, op, numels, iters, warmup):
-    """In each worker: the median seconds of one call of `op` per size."""
+    """In each worker: the median seconds of one call of `op` per size (a
+    progress bar per rank shows the sizes done)."""
     import torch
     import torch.distributed as dist
+
+    from ddp_teach.launcher.progress_bars import progress
     on_gpu = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu"
     wait_for_device = torch.cuda.synchronize if on_gpu else (lambda: None)
@@ -332,4 +335,5 @@ def _median_seconds(rank, world_size, op, numels, iters, warmup):
             wait_for_device()
             samples.append(time.perf_counter() - start)
         medians.append(statistics.median(samples))
+        progress(len(medians), len(numels), median_us=medians[-1] * 1e6)
     return medians
