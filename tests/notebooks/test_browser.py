@@ -3,8 +3,9 @@
 nbval proves that the notebooks execute; these tests prove what the learner
 sees in the browser: the notebooks run from JupyterLab's own "Run All Cells"
 menu without an error, plots appear as pictures, a slider re-runs its
-experiment, the output of four ranks stays readable, and a failing rank shows
-up in the cell with its rank and its remote traceback.
+experiment, the output of four ranks stays readable, a failing rank shows
+up in the cell with its rank and its remote traceback, and `dt.progress`
+draws a bar per rank that advances while the ranks run.
 
 JupyterLab is started with `make lab`, as a learner does, on a free port of
 127.0.0.1 with a token, over a copy of notebooks/ (so that autosave never
@@ -484,3 +485,49 @@ def test_four_ranks_a_moving_slider_and_a_failing_rank(browser):
         "planted failure on rank 1"]   # the cell's error, as an error output
     browser.scroll_to(cells[3])
     browser.screenshot("scratch_failing_rank")
+
+
+PROGRESS_CELLS = [
+    "import time\nimport ddp_teach as dt",
+    "def slow_steps(rank, world_size):\n"
+    "    for step in range(1, 9):\n"
+    "        time.sleep(0.6)\n"
+    "        dt.progress(step, 8, loss=1.0 / step)\n"
+    "    return rank\n\n"
+    "dt.run(slow_steps, world_size=2)",
+]
+
+
+def test_progress_bars_appear_and_advance_while_the_ranks_run(browser):
+    """dt.progress in a learner's run: one bar per rank shows up in the cell
+    while it runs, its label's step grows, and it ends at the last step."""
+    from selenium.webdriver.common.by import By
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in PROGRESS_CELLS]
+    nbformat.write(nb, browser.lab.root / "progress.ipynb")
+    browser.open("/lab/tree/progress.ipynb")
+    browser.wait_for_notebook("progress.ipynb", len(PROGRESS_CELLS))
+    browser.menu("Run", "Run All Cells")
+
+    def steps_shown():
+        """The step each rank's bar reports, once both bars are drawn."""
+        cell = browser.code_cells()[1]
+        bars = cell.find_elements(By.CSS_SELECTOR, ".widget-hprogress")
+        labels = [label.text for label in cell.find_elements(
+            By.CSS_SELECTOR, ".widget-label")]
+        steps = [int(m[1]) for m in (re.match(r"(\d+)/8", t) for t in labels) if m]
+        return len(bars) == 2 and len(steps) == 2 and steps
+    first = browser.wait(steps_shown, 60, "two progress bars with their steps")
+    browser.screenshot("progress_bars_running")
+    assert max(first) < 8, first   # seen while the ranks still run
+    browser.wait(lambda: (steps_shown() or [0])[0] > first[0], 30,
+                 "rank 0's bar to advance")
+    browser.wait(lambda: steps_shown() == [8, 8], 60, "both bars at step 8 of 8")
+    labels = " ".join(label.text for label in browser.code_cells()[1].find_elements(
+        By.CSS_SELECTOR, ".widget-label"))
+    assert "8/8 loss 0.125" in labels, labels   # (the page folds double spaces)
+    printed = browser.code_cells()[1].text
+    assert "\x1e" not in printed and "ddp_teach progress" not in printed
+    browser.screenshot("progress_bars_done")
