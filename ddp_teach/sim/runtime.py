@@ -151,7 +151,8 @@ class SimulatedRecorder(Recorder):
         self.add(getattr(local, "label", None) or name, COMM, start, end, nbytes)
         if bound.arguments.get("async_op"):
             self._pending.append(result)
-            return VirtualWork(result, end, self)
+            tensor = bound.arguments.get(data) if name in COLLECTIVES else None
+            return VirtualWork(result, end, self, tensor)
         self._close_stretch()  # compute before a blocking call is its own
         self.wait_until(end)   # event, even where the call takes no time
         return result
@@ -208,10 +209,17 @@ class SimulatedRecorder(Recorder):
 
 class VirtualWork:
     """An async collective's work: `wait()` waits for the real data, then
-    moves the rank's compute stream to the collective's virtual end."""
+    moves the rank's compute stream to the collective's virtual end.
 
-    def __init__(self, work, end: float, recorder: SimulatedRecorder):
+    torch's fake process group (`dt.sim.one_rank`) completes every work
+    with the value None, where a real group's future holds the collective's
+    tensors; torch's DDP hooks read that value, so here the future holds
+    `tensor`, as a real group's would (its data stays this rank's)."""
+
+    def __init__(self, work, end: float, recorder: SimulatedRecorder,
+                 tensor=None):
         self._work, self._end, self._recorder = work, end, recorder
+        self._tensor = tensor
 
     def wait(self, *args, **kwargs):
         result = self._work.wait(*args, **kwargs)
@@ -225,7 +233,12 @@ class VirtualWork:
                 lambda: recorder.wait_until(end))                      # end
         else:
             recorder.wait_until(end)
-        return self._work.get_future()
+        future = self._work.get_future()
+        if isinstance(self._tensor, torch.Tensor) and future.done() \
+                and future.value() is None:  # the fake group's work
+            future = torch.futures.Future()
+            future.set_result([self._tensor])
+        return future
 
     def __getattr__(self, name):
         return getattr(self._work, name)

@@ -69,3 +69,23 @@ def test_one_rank_refuses_bad_arguments_and_a_process_that_has_a_group():
         one_rank(zero3_step, 8, SIM)
     with pytest.raises(dt.WorkerError, match="already has one"):
         dt.run(nested, 1)
+
+
+def torch_ddp_step(rank, world_size):
+    model = torch.nn.parallel.DistributedDataParallel(dt.models.reference_mlp(256, 3))
+    x = torch.randn(32, 256)
+    for _ in range(2):
+        dist.barrier()
+        model(x).square().mean().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_torch_ddp_runs_on_one_rank_as_in_the_multi_process_simulation():
+    """torch's fake group completes works with the value None, which torch's
+    DDP hook cannot read; the simulator's works hold the tensor instead, so
+    torch's DDP runs here, with the timeline of 4 real simulated ranks."""
+    grads, here = one_rank(torch_ddp_step, 4, SIM)
+    run = dt.run(torch_ddp_step, 4, simulate=SIM)
+    assert events(here) == events(run.timeline)
+    assert any(e.kind == "comm" for e in here.after_last_barrier().events)
+    assert all(g.isfinite().all() for g in grads)
