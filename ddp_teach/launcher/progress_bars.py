@@ -49,9 +49,17 @@ def progress(step: int, total: int, **metrics) -> None:
         return
     _last_sent = now
     report = {"step": int(step), "total": int(total),
-              "metrics": {name: float(value) for name, value in metrics.items()}}
+              "metrics": {name: _number(name, value) for name, value in metrics.items()}}
     sys.stdout.write(MARK + json.dumps(report) + "\n")
     sys.stdout.flush()
+
+
+def _number(name: str, value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"dt.progress({name}={value!r}): the values shown beside "
+                        "a bar must be numbers (or one-element tensors)") from None
 
 
 def describe(report: dict) -> str:

@@ -9,6 +9,8 @@ tests/notebooks/test_browser.py.
 import io
 import json
 
+import pytest
+
 import ddp_teach as dt
 from ddp_teach.launcher import progress_bars as progress_module
 from ddp_teach.launcher.output import OutputRouter
@@ -103,3 +105,10 @@ def test_a_total_of_zero_steps_is_drawn_without_dividing_by_zero(monkeypatch):
     out = io.StringIO()
     ProgressBars(1, out).take(0, report_line(0, 0))
     assert out.getvalue() == "[rank 0] progress 0/0\n"
+
+
+def test_a_value_that_is_not_a_number_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(progress_module, "_reporting", True)
+    monkeypatch.setattr(progress_module, "_last_sent", None)
+    with pytest.raises(TypeError, match=r"dt.progress\(loss='low'\).*must be numbers"):
+        dt.progress(1, 2, loss="low")

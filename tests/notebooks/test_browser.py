@@ -308,6 +308,16 @@ def saved_errors(path: Path) -> list[str]:
             if out.output_type == "error"]
 
 
+def open_new_notebook(browser, name: str, sources: list[str]) -> None:
+    """A learner's own notebook of these code cells, opened in the Lab."""
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    nbformat.write(nb, browser.lab.root / name)
+    browser.open(f"/lab/tree/{name}")
+    browser.wait_for_notebook(name, len(sources))
+
+
 def assert_every_cell_ran(state) -> None:
     not_run = [i for i, cell in enumerate(state["cells"])
                if not re.fullmatch(r"\[\d+\]:", cell["prompt"])]
@@ -422,12 +432,7 @@ def test_four_ranks_a_moving_slider_and_a_failing_rank(browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {
-        "name": "python3", "display_name": "Python 3", "language": "python"}})
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in SCRATCH]
-    nbformat.write(nb, browser.lab.root / "scratch.ipynb")
-    browser.open("/lab/tree/scratch.ipynb")
-    browser.wait_for_notebook("scratch.ipynb", len(SCRATCH))
+    open_new_notebook(browser, "scratch.ipynb", SCRATCH)
     state = browser.run_all()
     kernel_cell, ranks_cell, calculator_cell, failing_cell = state["cells"]
 
@@ -503,12 +508,7 @@ def test_progress_bars_appear_and_advance_while_the_ranks_run(browser):
     while it runs, its label's step grows, and it ends at the last step."""
     from selenium.webdriver.common.by import By
 
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {
-        "name": "python3", "display_name": "Python 3", "language": "python"}})
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in PROGRESS_CELLS]
-    nbformat.write(nb, browser.lab.root / "progress.ipynb")
-    browser.open("/lab/tree/progress.ipynb")
-    browser.wait_for_notebook("progress.ipynb", len(PROGRESS_CELLS))
+    open_new_notebook(browser, "progress.ipynb", PROGRESS_CELLS)
     browser.menu("Run", "Run All Cells")
 
     def steps_shown():
