@@ -17,6 +17,7 @@ The references themselves live in the course modules (ddp_teach/*.py).
 import importlib
 import inspect
 import pkgutil
+import traceback
 
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, REGISTRY, WRONG,
                                          Exercise, Verdict)
@@ -69,6 +70,19 @@ def _wrong_signature(exercise: Exercise, fn) -> str | None:
     return None
 
 
+def _run_checker(exercise: Exercise, fn) -> Verdict:
+    """The checker's verdict. The checkers that run learner code on ranks
+    turn its errors into verdicts; those that call it here may let one
+    through, and `check` must not raise: that error is the verdict."""
+    try:
+        return exercise.checker(fn)
+    except Exception as error:  # the learner's code raised inside the checker
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        return Verdict(WRONG, f"your function raised {type(error).__name__}: "
+                              f"{error} (line {where.lineno}: {where.line}). "
+                              f"Fix that, then run this cell again.")
+
+
 def check(name: str, fn) -> bool:
     """Check the learner's `fn` for exercise `name`; print the verdict."""
     exercise = exercise_named(name)
@@ -78,7 +92,7 @@ def check(name: str, fn) -> bool:
     elif (mismatch := _wrong_signature(exercise, fn)) is not None:
         verdict = Verdict(WRONG, mismatch)
     else:
-        verdict = exercise.checker(fn)
+        verdict = _run_checker(exercise, fn)
     print(f"{_MARK[verdict.status]} {exercise.title}: {verdict.status}")
     print(verdict.message)
     if verdict.status == NOT_ATTEMPTED:

@@ -101,6 +101,11 @@ def check_gathered_forward(fn) -> Verdict:
         full_bytes = 4 * shard_size(59, world_size) * world_size
         for rank, got in enumerate(results):
             where = f"on {world_size} ranks, rank {rank}: "
+            if "error" in got and not got["gathered"]:
+                return Verdict(WRONG, where + f"your function raised "
+                               f"{got['error']} before any all-gather.\nHint: "
+                               "the shard holds only 1/N of the unit's flat "
+                               "parameters: all-gather every rank's shard first.")
             if not got["gathered"]:
                 return Verdict(WRONG, where + "no all-gather was called.\nHint: "
                                "the shard holds only 1/N of the unit's flat "

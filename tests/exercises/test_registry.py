@@ -121,3 +121,30 @@ def test_a_ring_allreduce_taking_the_world_size_gets_no_hint_about_one_rank(verd
             "world_size), which cannot be called so (missing a required "
             "argument: 'world_size')") in seen, seen
     assert "Hint" not in seen and "return early when world_size == 1" not in seen
+
+
+def raising_with_the_cells_signature(parameters):
+    """A function with the exercise cell's parameters that fails at once,
+    as a learner's first try often does."""
+    def learner_function(*args):
+        return 1 / 0
+    learner_function.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+         for name in parameters])
+    return learner_function
+
+
+def my_main():
+    """torchrun_script's learner function must be importable by name (it
+    becomes a script), so its failing version is defined here, at the top."""
+    return 1 / 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_error_in_the_learners_function_is_a_verdict_never_raised(name, verdict):
+    [parameters] = IN_NOTEBOOKS[exercises.exercise_named(name).stub_name]
+    failing = (my_main if name == "torchrun_script"
+               else raising_with_the_cells_signature(parameters))
+    passed, seen = verdict(name, failing)
+    assert not passed and "❌" in seen, seen
+    assert "ZeroDivisionError" in seen, seen
