@@ -77,10 +77,21 @@ def _run_checker(exercise: Exercise, fn) -> Verdict:
     try:
         return exercise.checker(fn)
     except Exception as error:  # the learner's code raised inside the checker
-        where = traceback.extract_tb(error.__traceback__)[-1]
         return Verdict(WRONG, f"your function raised {type(error).__name__}: "
-                              f"{error} (line {where.lineno}: {where.line}). "
-                              f"Fix that, then run this cell again.")
+                              f"{error}{_learner_line(fn, error)}. Fix that, "
+                              f"then run this cell again.")
+
+
+def _learner_line(fn, error: Exception) -> str:
+    """" (line 5: return idx[length])": the last line of the learner's own
+    code in the error's traceback (not torch's, nor the checker's)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    code = getattr(fn, "__code__", None)
+    mine = [f for f in frames if code is not None and f.filename == code.co_filename]
+    if not mine:
+        return ""
+    where = mine[-1]
+    return f" (line {where.lineno}: {where.line})" if where.line else f" (line {where.lineno})"
 
 
 def check(name: str, fn) -> bool:

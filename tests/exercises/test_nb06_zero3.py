@@ -47,7 +47,7 @@ def padding_kept(module, shard, x):
 
 
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
-    ("zero3_gather_forward", shard_only, "no all-gather was called"),
+    ("zero3_gather_forward", shard_only, "all-gather every rank's shard first"),
     ("zero3_gather_forward", keeps_the_full_params, "still held after it returned"),
     ("zero3_gather_forward", own_shard_first, "the chunks are out of order"),
     ("zero3_gather_forward", padding_kept, "padded to a multiple of the world size"),
