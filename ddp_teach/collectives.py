@@ -10,13 +10,13 @@ use; each works for any world size >= 1, any tensor length >= 0 (lengths
 smaller than the world size or not divisible by it included) and for float
 and integer dtypes. They use the default process group.
 
-The three all-reduces behave as `dist.all_reduce` does with a tensor that
-requires grad (a parameter, say): its data is summed in place and autograd
-does not record it. Where they differ is a tensor of a different length on
-some rank: gloo would abort the process (SIGABRT) when a message of the
-wrong size arrives, so each first checks, with one all-reduce of two
-integers, that every rank passes as many elements, and raises a ValueError
-on every rank if not. That check costs each call one small collective: a
+Each behaves as torch's collective does with a tensor that requires grad
+(a parameter, say): it works on the data, and autograd does not record it
+(the all-reduces sum in place). Where they differ is a tensor of a
+different length on some rank: gloo would abort the process (SIGABRT) when
+a message of the wrong size arrives, so each first checks, with one
+all-reduce of two integers, that every rank passes as many elements, and
+raises a ValueError on every rank if not. That check costs each call one small collective: a
 few alphas of latency and no bandwidth, which matters only for tensors
 small enough that latency is most of the time. It is traced as "size
 check" and is not counted in the costs below.
@@ -93,7 +93,8 @@ def ring_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
     torch 2.13) puts in `output`: rank r gets chunk r. p-1 messages of n/p
     bytes per rank: (p-1) alpha + (p-1)/p n (beta + gamma).
     """
-    chunks = tensor.flatten().clone().tensor_split(dist.get_world_size())
+    _require_same_numel(tensor, "ring_reduce_scatter")
+    chunks = tensor.detach().flatten().clone().tensor_split(dist.get_world_size())
     _reduce_scatter_chunks(chunks, owned=dist.get_rank())
     return chunks[dist.get_rank()].clone()  # not a view that keeps all chunks
 
@@ -105,9 +106,10 @@ def ring_all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     (p-1) alpha + (p-1) n beta, which is `ddp_teach.cost`'s
     (p-1) alpha + (p-1)/p N beta for the N = p n bytes gathered.
     """
+    _require_same_numel(tensor, "ring_all_gather")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     gathered = tensor.new_empty((world_size, tensor.numel()))
-    gathered[rank] = tensor.flatten()
+    gathered[rank] = tensor.detach().flatten()
     chunks = gathered.unbind()  # row i: rank i's tensor
     _all_gather_chunks(chunks, owned=rank)
     return [chunk.view(tensor.shape) for chunk in chunks]

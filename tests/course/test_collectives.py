@@ -242,3 +242,28 @@ def test_allreduce_of_different_lengths_is_refused_on_every_rank():
             assert (f"this rank's has {own} (shape ({own},)), and the ranks' "
                     f"range from 4 to 6") in refused, refused
             assert torch.equal(same_count, torch.full_like(same_count, world_size))
+
+
+def ring_halves_on_odd_inputs(rank, world_size):
+    """The reduce-scatter and all-gather halves: refused on lengths that
+    differ; on a tensor that requires grad, results outside autograd, as
+    torch's collectives give."""
+    refused = {}
+    for name in ("ring_reduce_scatter", "ring_all_gather"):
+        try:
+            getattr(collectives, name)(torch.ones(6 if rank == 0 else 4))
+            refused[name] = "accepted"
+        except ValueError as error:
+            refused[name] = str(error)
+    param = torch.nn.Parameter(torch.arange(4.0))
+    scattered = collectives.ring_reduce_scatter(param)
+    gathered = collectives.ring_all_gather(param)
+    return refused, scattered.requires_grad, [g.requires_grad for g in gathered]
+
+
+def test_the_ring_halves_refuse_different_lengths_and_leave_autograd_out():
+    for refused, scattered_grad, gathered_grad in dt.run(ring_halves_on_odd_inputs, 2):
+        for name, message in refused.items():
+            assert message.startswith(f"{name} needs a tensor with the same "
+                                      "number of elements on every rank"), message
+        assert scattered_grad is False and gathered_grad == [False, False]
