@@ -100,7 +100,7 @@ def finish_buckets(buckets: list, world_size: int) -> None:
             offset += size
 
 
-def _check_bucket_cap(bucket_cap_mb) -> None:
+def check_bucket_cap(bucket_cap_mb) -> None:
     """A ValueError unless `bucket_cap_mb` is None or a number >= 0. Checked
     before any communication, so every rank refuses at once, none hangs."""
     if bucket_cap_mb is None:
@@ -185,7 +185,7 @@ class DistributedDataParallel(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, bucket_cap_mb: float | None = 25.0,
                  find_unused_parameters: bool = False):
         super().__init__()
-        _check_bucket_cap(bucket_cap_mb)
+        check_bucket_cap(bucket_cap_mb)
         trainable = _trainable_parameters(module)
         self.module = module
         self.find_unused_parameters = find_unused_parameters

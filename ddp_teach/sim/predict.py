@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_teach.cost import Link, allreduce_time, collective_time
-from ddp_teach.ddp import FIRST_BUCKET_CAP_MB, MIB, bucket_indices
+from ddp_teach.ddp import FIRST_BUCKET_CAP_MB, MIB, bucket_indices, check_bucket_cap
 from ddp_teach.tracing.events import COMPUTE
 
 
@@ -104,6 +104,7 @@ def bucketed_ddp(prof: Profile, world_size: int, bucket_cap_mb: float | None = 2
     gradient all the same), which moves every later gradient's ready time.
     overlap=False: the same buckets, all-reduced only once backward is over
     (the baseline against which the DDP paper measures its overlap)."""
+    check_bucket_cap(bucket_cap_mb)
     link, device = prof.simulation.link, prof.simulation.device
     cap = None if bucket_cap_mb is None else bucket_cap_mb * MIB
     sizes = [nbytes for _, nbytes in prof.ready]

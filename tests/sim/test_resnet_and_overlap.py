@@ -45,3 +45,9 @@ def test_one_bucket_leaves_nothing_to_overlap(resnet_profile):
     slow = on(resnet_profile, "100GbE")
     assert predict.bucketed_ddp(slow, 8, bucket_cap_mb=None) == pytest.approx(
         predict.bucketed_ddp(slow, 8, bucket_cap_mb=None, overlap=False))
+
+
+@pytest.mark.parametrize("cap", [-1, float("nan"), "25"])
+def test_a_bad_bucket_cap_is_refused_as_by_the_course_ddp(resnet_profile, cap):
+    with pytest.raises(ValueError, match="bucket_cap_mb must be a number >= 0 or None"):
+        predict.bucketed_ddp(on(resnet_profile, "100GbE"), 8, bucket_cap_mb=cap)
