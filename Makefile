@@ -1,7 +1,12 @@
 # ddp_teach: `make lab` runs the course, `make test` checks all of it.
 # Everything lives in .venv and .jupyter inside the repo; nothing is
-# registered elsewhere (no global kernel spec, no ~/.jupyter settings).
-PYTHON ?= python3
+# registered elsewhere (no global kernel spec, no ~/.jupyter settings;
+# `make kernel` is the one exception, on purpose).
+# The first of python3, python3.13, python3.12, python3.11 that is 3.11-3.13
+# (a stock Mac's python3 is 3.9); PYTHON=/path/to/python overrides it.
+SUPPORTED_PYTHON := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))
+PYTHON ?= $(firstword $(foreach p,python3 python3.13 python3.12 python3.11,\
+	$(shell command -v $(p) >/dev/null 2>&1 && $(p) -c '$(SUPPORTED_PYTHON)' 2>/dev/null && echo $(p))))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -19,7 +24,7 @@ export IPYTHONDIR := $(CURDIR)/.jupyter/ipython
 export MPLCONFIGDIR := $(CURDIR)/.jupyter/matplotlib
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup lab browser test test-gpu bench html clean
+.PHONY: setup lab kernel browser test test-gpu test-isa bench html clean
 
 setup: $(STAMP) | .jupyter
 
@@ -27,11 +32,18 @@ setup: $(STAMP) | .jupyter
 	mkdir -p $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR) \
 		$(IPYTHONDIR) $(MPLCONFIGDIR)
 
-# Re-installs only when pyproject.toml changes; otherwise a no-op.
-$(STAMP): pyproject.toml
+# Re-installs only when pyproject.toml or constraints.txt change; otherwise a
+# no-op. The package declares ranges; constraints.txt fixes every version.
+$(STAMP): pyproject.toml constraints.txt
+	@test -n "$(PYTHON)" || { echo "make: no Python 3.11-3.13 found (python3," \
+		"python3.13, python3.12, python3.11); install one, or pass" \
+		"PYTHON=/path/to/python3.12"; exit 1; }
+	@$(PYTHON) -c '$(SUPPORTED_PYTHON)' || { echo "make: $(PYTHON) is" \
+		"$$($(PYTHON) -V 2>&1); the course needs Python 3.11-3.13: pass" \
+		"PYTHON=/path/to/python3.12"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -c constraints.txt $(TORCH_PIP_ARGS) torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[lab,test]"
 	touch $(STAMP)
 
 # Local only, token on; --allow-root only where the user is root (containers).
@@ -39,6 +51,14 @@ lab: setup
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=$(LAB_ROOT) \
 		--LabApp.default_url=/lab/tree/00_welcome.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+# Registers this environment as a Jupyter kernel named "ddp_teach" for the
+# user, so a JupyterHub's or VS Code's Jupyter, which cannot reach `make lab`'s
+# private server, can run the course: pick the kernel "Python (ddp_teach)".
+kernel: setup
+	env -u JUPYTER_DATA_DIR -u JUPYTER_CONFIG_DIR -u JUPYTER_RUNTIME_DIR -u IPYTHONDIR \
+		$(BIN)/python -m ipykernel install --user --name ddp_teach \
+		--display-name "Python (ddp_teach)"
 
 # Chromium and its WebDriver (Debian/Ubuntu packages) for tests/notebooks/test_browser.py.
 # Installed with apt-get when missing, as root or with password-less sudo;
@@ -68,6 +88,21 @@ test: setup browser
 # machine with GPUs. Without one every test is skipped, with the reason.
 test-gpu: setup
 	$(BIN)/python -m pytest -m gpu -rs tests/gpu
+
+# The numerical tests under each CPU instruction set a learner's machine may
+# have: oneDNN's kernels (convolutions, matrix products) and ATen's vectorised
+# loops sum in a different order on SSE4.1, AVX2 and AVX-512, so a tolerance
+# tuned on one CPU can fail on another. A setting above this CPU's runs as
+# this CPU's best.
+NUMERICAL_TESTS ?= tests/course tests/sim
+test-isa: setup
+	for isa in SSE41 AVX2 AVX512_CORE; do \
+		echo "== ONEDNN_MAX_CPU_ISA=$$isa"; \
+		ONEDNN_MAX_CPU_ISA=$$isa $(BIN)/python -m pytest -q \
+			$(NUMERICAL_TESTS) || exit 1; \
+	done
+	echo "== ATEN_CPU_CAPABILITY=default"
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q $(NUMERICAL_TESTS)
 
 # Each benchmark writes its own section; results.md is the two together.
 bench: setup

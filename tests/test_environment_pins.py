@@ -1,37 +1,55 @@
-"""pyproject.toml, environment.yml and the Makefile pin the same versions, so
-pip and conda learners get the same course."""
+"""The package declares ranges; `make setup`, CI and conda learners install
+the exact versions of constraints.txt. These tests keep the four files in
+step: pyproject.toml's ranges, constraints.txt's pins, environment.yml's
+mirror of them, and the Makefile's torch."""
 import re
 import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PIN = re.compile(r"^\s*-?\s*([A-Za-z0-9_.\-]+)==([^\s#]+)\s*$")
 
 
-def pins_in_pyproject() -> dict[str, str]:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pins = {}
-    for dep in deps:
-        match = PIN.match(dep)
-        assert match, f"pyproject.toml dependency {dep!r} is not pinned with =="
-        pins[match[1].lower()] = match[2]
-    return pins
+def declared_requirements() -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    return [Requirement(text) for text in
+            [*project["dependencies"], *extras["lab"], *extras["test"]]]
 
 
-def pins_in_environment_yml() -> dict[str, str]:
-    lines = (ROOT / "environment.yml").read_text().splitlines()
-    pip_section = lines[lines.index("  - pip:") + 1:]
-    return {m[1].lower(): m[2] for m in map(PIN.match, pip_section) if m}
+def pins(path: Path) -> dict[str, str]:
+    lines = path.read_text().splitlines()
+    return {canonicalize_name(m[1]): m[2] for m in map(PIN.match, lines) if m}
 
 
-def test_environment_yml_pins_exactly_what_pyproject_pins():
-    assert pins_in_environment_yml() == pins_in_pyproject()
+def test_the_package_declares_ranges_with_a_floor_not_exact_pins():
+    for requirement in declared_requirements():
+        operators = {spec.operator for spec in requirement.specifier}
+        assert ">=" in operators and "==" not in operators, (
+            f"{requirement}: declare a floor (>=), not an exact pin; exact "
+            "versions belong in constraints.txt")
 
 
-def test_every_dependency_is_pinned_and_torch_is_2_13():
-    assert pins_in_pyproject()["torch"] == "2.13.0"
+def test_constraints_pin_every_declared_package_inside_its_range():
+    pinned = pins(ROOT / "constraints.txt")
+    for requirement in declared_requirements():
+        name = canonicalize_name(requirement.name)
+        assert name in pinned, f"constraints.txt does not pin {name}"
+        assert requirement.specifier.contains(pinned[name]), (
+            f"constraints.txt pins {name}=={pinned[name]}, outside "
+            f"pyproject.toml's {requirement}")
 
 
-def test_makefile_installs_the_same_torch():
+def test_environment_yml_mirrors_the_constraints_of_the_declared_packages():
+    pinned = pins(ROOT / "constraints.txt")
+    declared = {canonicalize_name(r.name) for r in declared_requirements()}
+    assert pins(ROOT / "environment.yml") == {name: pinned[name] for name in declared}
+
+
+def test_makefile_installs_the_constrained_torch_with_the_constraints():
     makefile = (ROOT / "Makefile").read_text()
-    assert f"torch=={pins_in_pyproject()['torch']}" in makefile
+    assert f"torch=={pins(ROOT / 'constraints.txt')['torch']}" in makefile
+    assert "-c constraints.txt" in makefile
