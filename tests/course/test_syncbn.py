@@ -22,6 +22,12 @@ import ddp_teach as dt
 from ddp_teach.syncbn import SyncBatchNorm, global_batch_stats
 
 RTOL, ATOL = 1e-4, 1e-5
+# The converted CNN runs in float64 on both sides. Its convolution gradient
+# passes through batch norm's backward, whose terms nearly cancel: in float32
+# the rounding of sums taken in another order (oneDNN's AVX2 and AVX-512
+# kernels differ) was seen at 1e-5, 0.7% of the gradient. float64 rounding
+# (eps 1.1e-16) amplified the same way stays below 1e-10.
+RTOL64, ATOL64 = 1e-7, 1e-10
 STEPS = 3
 SAMPLE_SHAPES = {"N,C": (3,), "N,C,L": (3, 5), "N,C,H,W": (2, 4, 3)}
 BATCH_SIZES = {2: [2, 5], 3: [1, 4, 2], 4: [3, 0, 5, 1]}
@@ -45,10 +51,16 @@ def set_affine(bn, channels):
 
 
 def small_cnn():
+    """In float64: see RTOL64."""
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
                          nn.Sequential(nn.Conv2d(4, 3, 1), nn.BatchNorm2d(3)),
-                         nn.Flatten(), nn.Linear(3 * 4 * 3, 5), nn.BatchNorm1d(5))
+                         nn.Flatten(), nn.Linear(3 * 4 * 3, 5), nn.BatchNorm1d(5)).double()
+
+
+def cnn_input(total):
+    return torch.randn(total, 2, 4, 3, generator=torch.Generator().manual_seed(9),
+                       dtype=torch.float64)
 
 
 def on_ranks(rank, world_size, sizes):
@@ -75,7 +87,7 @@ def on_ranks(rank, world_size, sizes):
                              running=(bn.running_mean, bn.running_var,
                                       bn.num_batches_tracked))
     cnn = SyncBatchNorm.convert(small_cnn())
-    x = torch.randn(sum(sizes), 2, 4, 3, generator=torch.Generator().manual_seed(9))
+    x = cnn_input(sum(sizes))
     out = cnn(x[mine])
     out.pow(2).sum().backward()
     conv_grad = cnn[0].weight.grad.clone()
@@ -84,9 +96,9 @@ def on_ranks(rank, world_size, sizes):
     return results
 
 
-def close(actual, expected, what):
-    assert actual.shape == expected.shape, what
-    assert torch.allclose(actual, expected, rtol=RTOL, atol=ATOL), \
+def close(actual, expected, what, rtol=RTOL, atol=ATOL):
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
+    assert torch.allclose(actual, expected, rtol=rtol, atol=atol), \
         f"{what}: max error {(actual - expected).abs().max()}"
 
 
@@ -126,13 +138,14 @@ def test_matches_batch_norm_over_the_full_batch(world_size):
             close(results[rank][kind]["eval_out"], eval_out[mine],
                   f"eval output, {kind} rank {rank}")
     cnn = small_cnn()
-    x = torch.randn(sum(sizes), 2, 4, 3, generator=torch.Generator().manual_seed(9))
-    out = cnn(x)
+    out = cnn(cnn_input(sum(sizes)))
     out.pow(2).sum().backward()
     for rank, mine in enumerate(bounds):
         got_out, got_conv_grad = results[rank]["cnn"]
-        close(got_out, out.detach()[mine], f"converted CNN output, rank {rank}")
-        close(got_conv_grad, cnn[0].weight.grad, f"converted CNN conv grad, rank {rank}")
+        close(got_out, out.detach()[mine], f"converted CNN output, rank {rank}",
+              RTOL64, ATOL64)
+        close(got_conv_grad, cnn[0].weight.grad, f"converted CNN conv grad, rank {rank}",
+              RTOL64, ATOL64)
 
 
 @pytest.mark.parametrize("momentum", [0.1, None])
@@ -160,10 +173,10 @@ def test_global_batch_stats_on_one_process():
 
 def test_convert_replaces_every_batch_norm_keeping_parameters_and_buffers():
     model = small_cnn()
-    model(torch.randn(4, 2, 4, 3))  # running statistics away from the defaults
+    model(cnn_input(4))  # running statistics away from the defaults
     model.eval()
     originals = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    before = model(torch.ones(2, 2, 4, 3))
+    before = model(torch.ones(2, 2, 4, 3, dtype=torch.float64))
     converted = SyncBatchNorm.convert(model)
     assert converted is model
     syncs = [m for m in model.modules() if isinstance(m, SyncBatchNorm)]
@@ -176,7 +189,7 @@ def test_convert_replaces_every_batch_norm_keeping_parameters_and_buffers():
         assert new.num_batches_tracked.item() == 1 and not new.training
         assert (new.num_features, new.eps, new.momentum) == (old.num_features, old.eps,
                                                              old.momentum)
-    close(model(torch.ones(2, 2, 4, 3)), before, "eval output after convert")
+    close(model(torch.ones(2, 2, 4, 3, dtype=torch.float64)), before, "eval output after convert")
     lone = SyncBatchNorm.convert(nn.BatchNorm1d(7, affine=False))
     assert isinstance(lone, SyncBatchNorm) and lone.weight is None
 
