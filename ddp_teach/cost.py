@@ -313,8 +313,9 @@ def _median_seconds(rank, world_size, op, numels, iters, warmup):
     import torch.distributed as dist
 
     from ddp_teach.launcher.progress_bars import progress
-    on_gpu = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu"
+    from ddp_teach.system import collective_device
+    device = collective_device()
+    on_gpu = device.type == "cuda"
     wait_for_device = torch.cuda.synchronize if on_gpu else (lambda: None)
     medians = []
     for numel in numels:

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_teach.system import collective_device
+
 
 def fingerprint(tensor: torch.Tensor) -> int:
     """A 63-bit hash of the tensor's bytes: equal tensors, equal prints; one
@@ -39,16 +41,9 @@ def fingerprint(tensor: torch.Tensor) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def _device_for_collectives() -> torch.device:
-    """nccl moves only GPU tensors; gloo, CPU ones."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _all_gather_ints(values: list) -> torch.Tensor:
     """[world_size, len(values)]: every rank's values (int64)."""
-    mine = torch.tensor(values, dtype=torch.int64, device=_device_for_collectives())
+    mine = torch.tensor(values, dtype=torch.int64, device=collective_device())
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     return torch.stack(everyone).cpu()

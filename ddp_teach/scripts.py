@@ -72,13 +72,14 @@ if __name__ == "__main__":
     _main()
 '''
 AUTO_BACKEND = '''\
-    # nccl when this machine has a GPU for each of its workers, else gloo
+    # a GPU for each of this machine's workers: nccl for GPU tensors and
+    # gloo for CPU ones, in one group; otherwise gloo
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     enough = gpus >= int(os.environ["LOCAL_WORLD_SIZE"])
-    backend = "nccl" if enough else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if enough else "gloo"
 '''
 SETUP_CALL = '''\
-    if backend == "nccl":  # LOCAL_RANK: this worker's GPU on its machine
+    if "nccl" in backend:  # LOCAL_RANK: this worker's GPU on its machine
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     # no address, rank or size: init_method="env://" reads them from torchrun
     _dist.init_process_group(backend)

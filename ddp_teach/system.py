@@ -7,6 +7,12 @@ import os
 import socket
 
 BACKENDS = ("auto", "gloo", "nccl")
+# What "auto" gives a run with a GPU per rank: one process group with a
+# backend per device type (torch.distributed's "device:backend" form), so
+# collectives on GPU tensors go through nccl and those on CPU tensors (a
+# count, a flag, a notebook's torch.ones(4)) through gloo, where plain nccl
+# would refuse them.
+GPU_AND_CPU = "cpu:gloo,cuda:nccl"
 
 
 def cpu_cores() -> int:
@@ -28,8 +34,9 @@ def gpu_count() -> int:
 
 
 def choose_backend(backend: str, world_size: int) -> str:
-    """'auto' is nccl when there is a GPU per rank, else gloo; 'nccl' without
-    enough GPUs is refused before anything starts."""
+    """'auto' is nccl for GPU tensors and gloo for CPU ones (GPU_AND_CPU)
+    when there is a GPU per rank, else gloo; 'nccl' without enough GPUs is
+    refused before anything starts."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got "
                          f"{backend!r}")
@@ -39,8 +46,24 @@ def choose_backend(backend: str, world_size: int) -> str:
             f"backend='nccl' needs one CUDA GPU per rank: world_size={world_size} "
             f"but this machine has {gpus}. Use backend='gloo' (CPU) or 'auto'.")
     if backend == "auto":
-        return "nccl" if gpus >= world_size else "gloo"
+        return GPU_AND_CPU if gpus >= world_size else "gloo"
     return backend
+
+
+def uses_nccl(backend: str) -> bool:
+    """Whether a process group's backend (as `dist.get_backend()` names it:
+    "nccl", "gloo" or GPU_AND_CPU) sends GPU tensors through nccl."""
+    return "nccl" in backend
+
+
+def collective_device():
+    """The device whose tensors this rank's default group moves fastest: its
+    GPU where nccl is in the backend, else the CPU (gloo)."""
+    import torch
+    import torch.distributed as dist
+    if uses_nccl(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def loopback_interface() -> str:

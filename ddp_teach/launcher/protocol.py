@@ -21,7 +21,7 @@ class Job:
     """What every rank of one run needs, from the kernel."""
     call: bytes                 # cloudpickle of (fn, args, kwargs)
     world_size: int
-    backend: str                # "gloo" or "nccl"
+    backend: str                # "gloo", "nccl" or system.GPU_AND_CPU
     port: int                   # the kernel's rendezvous store, on 127.0.0.1
     pg_timeout_s: float         # the process group's own timeout
     env: dict[str, str]         # the whole environment a worker runs in

@@ -25,6 +25,7 @@ from ddp_teach.launcher.procs import set_parent_death_signal
 from ddp_teach.launcher.progress_bars import report_to_kernel
 from ddp_teach.launcher.protocol import Failed, Job, Returned
 from ddp_teach.launcher.rundirs import create_private_file
+from ddp_teach.system import uses_nccl
 
 EXIT_FAILED = 1
 _IOLBF = 1  # setvbuf's "line buffered" mode
@@ -94,17 +95,18 @@ def _init_process_group(job: Job, rank: int):
     store = dist.TCPStore("127.0.0.1", job.port, is_master=False,
                           timeout=timedelta(seconds=job.pg_timeout_s))
     device_id = None
-    if job.backend == "nccl":
+    if uses_nccl(job.backend):
         torch.cuda.set_device(rank)
         device_id = torch.device("cuda", rank)
     dist.init_process_group(job.backend, store=store, rank=rank,
                             world_size=job.world_size, device_id=device_id,
                             timeout=timedelta(seconds=job.pg_timeout_s))
-    if job.backend == "gloo":
+    if "gloo" in job.backend:
         # gloo's init returns on a rank once ITS connections are up; a rank
         # whose function is instant could exit while a peer is still
-        # connecting to it ("Connection closed by peer"). One barrier: all up.
-        dist.barrier()
+        # connecting to it ("Connection closed by peer"). One collective on
+        # a CPU tensor, which gloo carries in either backend: all up.
+        dist.all_reduce(torch.zeros(1))
 
 
 def _install_recorder(job: Job, rank: int):

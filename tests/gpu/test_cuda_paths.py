@@ -35,8 +35,8 @@ def test_nccl_workers_each_drive_their_gpu_and_results_come_back_on_the_cpu():
         assert torch.equal(tensor, torch.full((4,), float(total)))
 
 
-def test_auto_backend_is_nccl_with_a_gpu_per_rank():
-    assert dt.system.choose_backend("auto", world()) == "nccl"
+def test_auto_backend_is_nccl_for_gpu_tensors_and_gloo_for_cpu_ones():
+    assert dt.system.choose_backend("auto", world()) == dt.system.GPU_AND_CPU
     with pytest.raises(ValueError, match="one CUDA GPU per rank"):
         dt.system.choose_backend("nccl", dt.system.gpu_count() + 1)
 
@@ -116,4 +116,17 @@ def test_an_exported_script_picks_nccl_under_torchrun(tmp_path):
     job = dt.scripts.torchrun(script, nproc_per_node=world(), echo=False)
     assert job.ok, job.output
     total = sum(range(1, world() + 1))
-    assert job.values == [["nccl", [float(total)] * 3]] * world()
+    assert job.values == [[dt.system.GPU_AND_CPU, [float(total)] * 3]] * world()
+
+
+def gpu_and_cpu_collectives(rank, world_size):
+    on_gpu, on_cpu = torch.ones(2, device="cuda"), torch.ones(2)
+    dist.all_reduce(on_gpu)  # nccl
+    dist.all_reduce(on_cpu)  # gloo, in the same group
+    return [on_gpu.cpu().tolist(), on_cpu.tolist(), dist.get_backend()]
+
+
+def test_an_auto_run_takes_gpu_and_cpu_tensors_in_one_group():
+    n = world()
+    got = dt.run(gpu_and_cpu_collectives, n)
+    assert got == [[[float(n)] * 2, [float(n)] * 2, dt.system.GPU_AND_CPU]] * n
