@@ -24,7 +24,7 @@ export IPYTHONDIR := $(CURDIR)/.jupyter/ipython
 export MPLCONFIGDIR := $(CURDIR)/.jupyter/matplotlib
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup lab kernel browser test test-gpu test-isa bench html clean
+.PHONY: setup lab kernel browser test test-gpu test-isa test-colab bench html clean
 
 setup: $(STAMP) | .jupyter
 
@@ -94,7 +94,7 @@ test-gpu: setup
 # loops sum in a different order on SSE4.1, AVX2 and AVX-512, so a tolerance
 # tuned on one CPU can fail on another. A setting above this CPU's runs as
 # this CPU's best.
-NUMERICAL_TESTS ?= tests/course tests/sim
+NUMERICAL_TESTS ?= tests/course tests/sim tests/exercises
 test-isa: setup
 	for isa in SSE41 AVX2 AVX512_CORE; do \
 		echo "== ONEDNN_MAX_CPU_ISA=$$isa"; \
@@ -103,6 +103,13 @@ test-isa: setup
 	done
 	echo "== ATEN_CPU_CAPABILITY=default"
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q $(NUMERICAL_TESTS)
+
+# The notebooks' install cell, then notebooks 00 and 01, in an environment
+# with Colab's kernel-side versions (built once under ~/.cache/ddp_teach; a
+# few GB from PyPI). COLAB_PYTHON: a Python 3.12, as Colab runs.
+COLAB_PYTHON ?= python3.12
+test-colab: setup
+	$(BIN)/python tools/check_colab_like.py --python $(COLAB_PYTHON)
 
 # Each benchmark writes its own section; results.md is the two together.
 bench: setup
