@@ -10,6 +10,9 @@ notebooks teach them; `launcher/`, `tracing/`, `sim/` and `exercises/` are
 the tooling that runs, draws, simulates and checks it, and a first reading
 can skip them.
 """
+# First of all: a torch and a Python the course knows, with a clear message
+# where they are not, and torch 2.13's names on an older torch (compat.py).
+from ddp_teach import compat
 # The course, in notebook order: one module per concept.
 from ddp_teach import collectives, cost, diagrams           # 01 collectives
 from ddp_teach import dp                                     # 02 DataParallel
@@ -57,7 +60,7 @@ COURSE_MODULES = ("collectives", "cost", "diagrams", "dp", "ddp", "sampler",
                   "syncbn", "precision", "amp", "memory", "flat", "zero", "fsdp",
                   "scripts", "slurm", "checkpoint", "paramserver", "pipeline",
                   "tensor_parallel", "debugging", "lm", "models", "system", "widgets")
-TOOLING_PACKAGES = ("exercises", "launcher", "sim", "tracing")
+TOOLING_PACKAGES = ("compat", "exercises", "launcher", "sim", "tracing")
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown", "progress",
            "span", "trace_layers", "Timeline",
            *COURSE_MODULES, *TOOLING_PACKAGES]

@@ -120,22 +120,37 @@ def main() -> None:
     os._exit(0)  # skip interpreter teardown with torch loaded (~0.6 s)
 
 
+def server_env(import_env: dict[str, str]) -> dict[str, str]:
+    """The fork server's environment: the kernel's, with `import_env` for
+    the variables torch reads at import, and this package on PYTHONPATH."""
+    package_root = str(Path(__file__).resolve().parents[2])  # holds ddp_teach/
+    env = {k: v for k, v in os.environ.items() if k not in IMPORT_TIME_VARS}
+    env.update(import_env)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    if sys.platform == "darwin":
+        # Since macOS 10.13 the Objective-C runtime kills a forked child
+        # that uses a class whose +initialize another thread of the parent
+        # had begun ("may have been in progress in another thread when
+        # fork() was called"); `import torch` starts such threads, so the
+        # workers would die. This variable, read when a process starts,
+        # turns the check off (Apple's objc4 runtime; CPython made "spawn"
+        # the default on macOS for the same hazard, bpo-33725).
+        env["OBJC_DISABLE_INITIALIZE_FORK_SAFETY"] = "YES"
+    return env
+
+
 class ForkServer:
     """The kernel's handle on its fork server: start once, fork per run."""
 
     def __init__(self, import_env: dict[str, str]):
         """import_env: variables torch must see when it is imported."""
         ours, theirs = socket.socketpair()
-        package_root = str(Path(__file__).resolve().parents[2])  # holds ddp_teach/
         self.import_env = import_env
-        env = {k: v for k, v in os.environ.items() if k not in IMPORT_TIME_VARS}
-        env.update(import_env)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [package_root] + [p for p in [env.get("PYTHONPATH")] if p])
         self.process = subprocess.Popen(
             [sys.executable, "-c", _ENTRY, str(theirs.fileno()), str(os.getpid())],
-            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            pass_fds=[theirs.fileno()], env=server_env(import_env),
+            stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self.sock = ours
         self.exit_codes: dict[int, int] = {}

@@ -27,6 +27,7 @@ from ddp_teach.launcher.monitor import Monitor, RankPipes
 from ddp_teach.launcher.output import OutputRouter
 from ddp_teach.launcher.progress_bars import ProgressBars
 from ddp_teach.launcher.pickling import dumps_call
+from ddp_teach.launcher.procs import require_posix
 from ddp_teach.launcher.protocol import Job
 from ddp_teach.launcher.rundirs import new_run_dir
 from ddp_teach.system import choose_backend, loopback_interface, threads_per_rank
@@ -71,6 +72,7 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
     Runs from several threads take turns: a run waits until the one in
     progress has returned (see `kernel_server`).
     """
+    require_posix("dt.run")
     kwargs = {} if kwargs is None else kwargs
     _check_inputs(fn, world_size, args, kwargs, timeout, env)
     _check_network(network)
@@ -152,13 +154,16 @@ def _job(call, world_size, backend, port, timeout, env, debug, run_dir, trace,
 
 def kernel_store(timeout):
     """The rendezvous store, served by the kernel on a socket bound to
-    127.0.0.1 (TCPStore alone would listen on every interface)."""
+    127.0.0.1 (TCPStore alone would listen on every interface). Before torch
+    2.8 only the older, non-libuv store could serve on a given socket."""
     import torch.distributed as dist
+    from ddp_teach.compat import TCPSTORE_LIBUV_TAKES_LISTEN_FD
     listener = socket.create_server(("127.0.0.1", 0), backlog=MAX_WORLD_SIZE)
     port = listener.getsockname()[1]
     store = dist.TCPStore("127.0.0.1", port, is_master=True,
                           wait_for_workers=False, master_listen_fd=listener.detach(),
-                          timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN_S))
+                          timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN_S),
+                          use_libuv=TCPSTORE_LIBUV_TAKES_LISTEN_FD)
     return store, port
 
 

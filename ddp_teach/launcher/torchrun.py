@@ -81,7 +81,9 @@ def run_commands(commands, *, env=None, node_envs=None, cwd=None,
     """Run one command per node at once, prefix their output (`[node i]`,
     or `[labels[i]]`), kill them all after `timeout` s. A leading `torchrun` is our loopback torchrun, its
     log files kept in a scratch folder that is removed afterwards."""
+    from ddp_teach.launcher.procs import require_posix
     from ddp_teach.system import loopback_interface, threads_per_rank
+    require_posix("Running torchrun from a notebook")
     scratch = tempfile.mkdtemp(prefix="torchrun-")
     out_dir = os.path.join(scratch, "out")
     os.mkdir(out_dir)

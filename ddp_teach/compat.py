@@ -1,0 +1,203 @@
+"""The torch and Python the course runs on: checked at `import ddp_teach`,
+with shims where the course's torch renamed what older ones already had.
+
+The course is written against torch 2.13. Learners arrive with the torch
+their platform has (Colab, Kaggle, a JupyterHub, a laptop), so
+`import ddp_teach` checks the versions first: a torch or Python older than
+the oldest known good one is an ImportError that names the version found,
+the Python it was found in (`sys.executable`) and the command that fixes it;
+one newer than the newest known good one is a warning, once, with the same
+details.
+
+What changed between the oldest supported torch and 2.13, from torch's own
+source and pull requests, and what this module does about it:
+
+- torch 2.13 renamed the single-tensor collectives: `all_gather_into_tensor`
+  became `all_gather_single` and `reduce_scatter_tensor` became
+  `reduce_scatter_single` (pytorch/pytorch#186123, "Rename distributed
+  collective ops to _single naming scheme"); the old names stay as
+  deprecated aliases. The course calls the new names; on an older torch
+  `install_shims` gives `torch.distributed` the new names, each calling the
+  old function with the same arguments (the old names date from torch 1.13,
+  pytorch/pytorch#85686).
+- torch 2.13 added DistributedDataParallel's `forward_sync_buffers` and
+  deprecated `broadcast_buffers` (torch/nn/parallel/distributed.py). Both
+  turn off the copy of rank 0's buffers at every forward; only at
+  construction do they differ (`broadcast_buffers=False` also skips the
+  first copy). `DDP_BUFFER_SYNC_ARGUMENT` is the name this torch takes.
+- torch 2.8 let the libuv TCPStore serve on a socket the caller opened
+  (`master_listen_fd`, pytorch/pytorch#150215); before, only the older
+  store could. `TCPSTORE_LIBUV_TAKES_LISTEN_FD` says which one to ask for.
+- torch 2.8 added the flight recorder's JSON dump for every backend
+  (`torch._C._distributed_c10d._dump_fr_trace_json`, found in 2.8's
+  libtorch_python and not in 2.7's); `FLIGHT_RECORDER_DUMPS_GLOO` says so.
+
+This file runs before anything else of the package, so it must stay
+importable on the oldest Pythons a learner may start it with.
+"""
+import os
+import platform
+import re
+import sys
+import warnings
+
+PYTHON_OLDEST = (3, 11)  # known good, inclusive
+PYTHON_NEWEST = (3, 13)
+TORCH_OLDEST = (2, 6)
+TORCH_NEWEST = (2, 14)
+# set once the untested-version warning was shown, so that the processes a
+# session starts (the fork server, torchrun's workers) do not repeat it
+WARNED_ENV = "DDP_TEACH_UNTESTED_VERSION_WARNED"
+
+
+class UntestedVersionWarning(UserWarning):
+    """torch or Python is newer than any the course was tested with."""
+
+
+def version_tuple(text: str) -> tuple:
+    """(major, minor) of a version string such as "2.6.0+cu124" or
+    "2.14.0a0+git1234"; ValueError when it has none."""
+    found = re.match(r"\s*(\d+)\.(\d+)", str(text))
+    if found is None:
+        raise ValueError(f"cannot read a version number from {text!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+def _dotted(pair: tuple) -> str:
+    return f"{pair[0]}.{pair[1]}"
+
+
+def torch_requirement() -> str:
+    """The pip requirement for a known-good torch."""
+    return f"torch>={_dotted(TORCH_OLDEST)},<{TORCH_NEWEST[0]}.{TORCH_NEWEST[1] + 1}"
+
+
+def _torch_fix() -> str:
+    requirement = torch_requirement()
+    return (f"Install a known-good torch into this same Python, then restart "
+            f"it (in Jupyter: Kernel > Restart Kernel):\n"
+            f"    {sys.executable} -m pip install \"{requirement}\"\n"
+            f"or, in a notebook cell: %pip install \"{requirement}\"")
+
+
+def check_python(version: str) -> None:
+    """ImportError for a Python older than PYTHON_OLDEST; a warning for one
+    newer than PYTHON_NEWEST."""
+    found = version_tuple(version)
+    known = f"Python {_dotted(PYTHON_OLDEST)} to {_dotted(PYTHON_NEWEST)}"
+    where = f"This is Python {version}, at {sys.executable}."
+    if found < PYTHON_OLDEST:
+        raise ImportError(
+            f"ddp_teach needs Python {_dotted(PYTHON_OLDEST)} or newer "
+            f"(known good: {known}). {where}\n"
+            f"Make an environment with a newer Python and install the course "
+            f"there, e.g. from the repository's folder:\n"
+            f"    python3.12 -m venv .venv && .venv/bin/python -m pip install -e .\n"
+            f"or with conda: conda env create -f environment.yml")
+    if found > PYTHON_NEWEST:
+        _warn_untested(
+            f"ddp_teach is known to work on {known}. {where} It will "
+            f"probably work; if something fails, use Python "
+            f"{_dotted(PYTHON_NEWEST)}:\n"
+            f"    python{_dotted(PYTHON_NEWEST)} -m venv .venv && "
+            f".venv/bin/python -m pip install -e .")
+
+
+def check_torch(version: str) -> None:
+    """ImportError for a torch older than TORCH_OLDEST; a warning for one
+    newer than TORCH_NEWEST."""
+    found = version_tuple(version)
+    known = f"torch {_dotted(TORCH_OLDEST)} to {_dotted(TORCH_NEWEST)}"
+    where = f"The Python at {sys.executable} has torch {version}."
+    if found < TORCH_OLDEST:
+        raise ImportError(
+            f"ddp_teach needs torch {_dotted(TORCH_OLDEST)} or newer (known "
+            f"good: {known}). {where}\n{_torch_fix()}")
+    if found > TORCH_NEWEST:
+        _warn_untested(
+            f"ddp_teach is known to work with {known}. {where} It will "
+            f"probably work; if something fails:\n{_torch_fix()}")
+
+
+def _warn_untested(message: str) -> None:
+    if os.environ.get(WARNED_ENV):
+        return
+    os.environ[WARNED_ENV] = "1"
+    warnings.warn(message, UntestedVersionWarning, stacklevel=3)
+
+
+def check_versions() -> None:
+    """Check this Python, then this torch (the first thing `import ddp_teach`
+    does)."""
+    check_python(platform.python_version())
+    try:
+        import torch
+    except ModuleNotFoundError as missing:
+        if missing.name != "torch":  # torch is there, but broken: say so
+            raise
+        raise ImportError(
+            f"ddp_teach needs torch, and the Python at {sys.executable} has "
+            f"none. {_torch_fix()}") from missing
+    check_torch(torch.__version__)
+
+
+check_versions()
+
+import torch  # noqa: E402  (only once the check has passed)
+import torch.distributed as dist  # noqa: E402
+
+TORCH = version_tuple(torch.__version__)
+TCPSTORE_LIBUV_TAKES_LISTEN_FD = TORCH >= (2, 8)
+FLIGHT_RECORDER_DUMPS_GLOO = TORCH >= (2, 8)
+DDP_BUFFER_SYNC_ARGUMENT = ("forward_sync_buffers" if TORCH >= (2, 13)
+                            else "broadcast_buffers")
+# torch 2.13's name -> the name older releases have (see the docstring)
+RENAMED_COLLECTIVES = {"all_gather_single": "all_gather_into_tensor",
+                       "reduce_scatter_single": "reduce_scatter_tensor"}
+
+
+def install_shims(modules=None) -> list:
+    """Give an older torch.distributed the collectives' 2.13 names; returns
+    the names added (none on torch 2.13 and later). `modules` are where to
+    add them, the first holding the old names (default: torch's
+    distributed_c10d, where torch's own code looks them up, and
+    torch.distributed). Each new name calls the function found under the old
+    one now, before any tracing wraps it, so a traced call is recorded once."""
+    if modules is None:
+        if not dist.is_available():
+            return []
+        import torch.distributed.distributed_c10d as c10d
+        modules = (c10d, dist)
+    added = []
+    for new, old in RENAMED_COLLECTIVES.items():
+        if not hasattr(modules[0], new):
+            shim = _SHIM_MAKERS[new](getattr(modules[0], old))
+            for module in modules:
+                setattr(module, new, shim)
+            added.append(new)
+    return added
+
+
+def _all_gather_single_shim(all_gather_into_tensor):
+    def all_gather_single(output_tensor, input_tensor, group=None,
+                          async_op=False):
+        """torch 2.13's name for all_gather_into_tensor (added by
+        ddp_teach.compat on this older torch)."""
+        return all_gather_into_tensor(output_tensor, input_tensor, group,
+                                      async_op)
+    return all_gather_single
+
+
+def _reduce_scatter_single_shim(reduce_scatter_tensor):
+    def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None,
+                              async_op=False):
+        """torch 2.13's name for reduce_scatter_tensor (added by
+        ddp_teach.compat on this older torch)."""
+        return reduce_scatter_tensor(output, input, op, group, async_op)
+    return reduce_scatter_single
+
+
+_SHIM_MAKERS = {"all_gather_single": _all_gather_single_shim,
+                "reduce_scatter_single": _reduce_scatter_single_shim}
+
+install_shims()

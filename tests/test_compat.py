@@ -1,0 +1,260 @@
+"""The torch and Python the learner has: clear messages outside the known-good
+range, shims that make an older torch speak torch 2.13's names, and a
+package that imports on Windows and starts its fork server right on macOS.
+
+Whether the unit tests pass under another torch is `make test-versions`
+(tools/check_other_versions.py), not this file: it builds environments."""
+import inspect
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddp_teach as dt
+from ddp_teach import compat
+from ddp_teach.launcher import forkserver, torchrun_loopback
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = f'{sys.executable} -m pip install "{compat.torch_requirement()}"'
+
+
+@pytest.fixture
+def not_yet_warned(monkeypatch):
+    """As in a fresh session: no untested-version warning shown yet."""
+    monkeypatch.setenv(compat.WARNED_ENV, "")
+
+
+def test_the_known_good_range_is_what_the_pip_command_asks_for():
+    oldest, newest = compat.TORCH_OLDEST, compat.TORCH_NEWEST
+    assert compat.torch_requirement() == (
+        f"torch>={oldest[0]}.{oldest[1]},<{newest[0]}.{newest[1] + 1}")
+    assert compat.PYTHON_OLDEST <= sys.version_info[:2] <= compat.PYTHON_NEWEST
+
+
+@pytest.mark.parametrize("text, pair", [("2.6.0+cu124", (2, 6)), ("2.13.0", (2, 13)),
+                                        ("2.14.0a0+git1f2e3d", (2, 14)),
+                                        ("3.12.1", (3, 12))])
+def test_version_numbers_are_read_from_release_local_and_dev_strings(text, pair):
+    assert compat.version_tuple(text) == pair
+
+
+def test_a_version_string_without_a_number_is_refused_clearly():
+    with pytest.raises(ValueError, match="'unknown'"):
+        compat.version_tuple("unknown")
+
+
+def test_too_old_torch_names_the_version_the_python_and_the_fix(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.4.1+cu121")
+    with pytest.raises(ImportError) as error:
+        compat.check_versions()
+    message = str(error.value)
+    assert "torch 2.6 or newer" in message and "torch 2.4.1+cu121" in message
+    assert sys.executable in message and FIX in message
+    assert "%pip install" in message and "restart" in message
+
+
+def test_the_oldest_and_newest_known_good_torch_pass_silently(not_yet_warned):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for version in (compat.TORCH_OLDEST, compat.TORCH_NEWEST):
+            compat.check_torch(f"{version[0]}.{version[1]}.0")
+
+
+def test_too_new_torch_warns_once_with_the_version_the_python_and_the_fix(
+        monkeypatch, not_yet_warned):
+    newer = f"{compat.TORCH_NEWEST[0]}.{compat.TORCH_NEWEST[1] + 1}.0"
+    monkeypatch.setattr(torch, "__version__", newer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compat.check_versions()
+        compat.check_versions()  # a second import, or a child process
+    assert [w.category for w in caught] == [compat.UntestedVersionWarning]
+    message = str(caught[0].message)
+    assert f"torch {newer}" in message and sys.executable in message
+    assert FIX in message and "probably work" in message
+
+
+def test_too_old_python_names_the_version_the_python_and_the_fix(monkeypatch):
+    monkeypatch.setattr(compat.platform, "python_version", lambda: "3.10.12")
+    with pytest.raises(ImportError) as error:
+        compat.check_versions()
+    message = str(error.value)
+    assert "Python 3.11 or newer" in message and "Python 3.10.12" in message
+    assert sys.executable in message and "-m venv .venv" in message
+    assert "pip install -e ." in message and "environment.yml" in message
+
+
+def test_too_new_python_warns_with_the_version_the_python_and_the_fix(
+        monkeypatch, not_yet_warned):
+    monkeypatch.setattr(compat.platform, "python_version", lambda: "3.14.0")
+    with pytest.warns(compat.UntestedVersionWarning) as caught:
+        compat.check_versions()
+    message = str(caught[0].message)
+    assert "Python 3.14.0" in message and sys.executable in message
+    assert "python3.13 -m venv .venv" in message
+
+
+def test_no_torch_at_all_says_how_to_install_one(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now fails
+    with pytest.raises(ImportError) as error:
+        compat.check_versions()
+    assert "has none" in str(error.value) and FIX in str(error.value)
+
+
+def test_importing_the_package_with_too_old_a_torch_fails_with_the_message():
+    script = ("import torch\ntorch.__version__ = '2.2.2'\n"
+              "try:\n    import ddp_teach\nexcept ImportError as e:\n"
+              "    print(e)\nelse:\n    print('imported')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120)
+    assert "needs torch 2.6 or newer" in done.stdout, done.stdout + done.stderr
+    assert "torch 2.2.2" in done.stdout
+
+
+def old_names_only(rank, world_size):
+    """On every rank: a namespace with only the pre-2.13 names, given the
+    new ones by install_shims; each call must reach the old function with
+    every argument (op, group, async_op)."""
+    import types
+    calls = []
+
+    def recorded(function):
+        def call(*args):
+            calls.append((function.__name__, len(args)))
+            return function(*args)
+        return call
+    old = types.SimpleNamespace(
+        all_gather_into_tensor=recorded(dist.all_gather_into_tensor),
+        reduce_scatter_tensor=recorded(dist.reduce_scatter_tensor))
+    added = compat.install_shims([old])
+    gathered = torch.zeros(2 * world_size)
+    old.all_gather_single(gathered, torch.full((2,), float(rank + 1)))
+    scattered = torch.zeros(2)
+    work = old.reduce_scatter_single(
+        scattered, torch.arange(2.0 * world_size) * (rank + 1),
+        op=dist.ReduceOp.MAX, group=dist.group.WORLD, async_op=True)
+    work.wait()
+    signature = inspect.signature(old.reduce_scatter_single)
+    return (added, gathered.tolist(), scattered.tolist(), calls,
+            list(signature.parameters) == list(
+                inspect.signature(dist.reduce_scatter_tensor).parameters))
+
+
+def test_the_shims_delegate_every_argument_to_the_older_names():
+    results = dt.run(old_names_only, 2, backend="gloo", timeout=60)
+    for rank, (added, gathered, scattered, calls, same_signature) in enumerate(results):
+        assert added == ["all_gather_single", "reduce_scatter_single"]
+        assert gathered == [1.0, 1.0, 2.0, 2.0]  # rank order
+        # MAX over ranks of arange(4) * (rank + 1): rank 1's, chunk `rank`
+        assert scattered == [2.0 * (2 * rank), 2.0 * (2 * rank + 1)]
+        assert calls == [("all_gather_into_tensor", 4), ("reduce_scatter_tensor", 5)]
+        assert same_signature
+
+
+def test_this_torch_has_the_2_13_names_after_import():
+    assert callable(dist.all_gather_single) and callable(dist.reduce_scatter_single)
+    assert compat.install_shims() == [], "installed once, at import"
+
+
+def buffer_counts(rank, world_size, sync):
+    """notebook 03's counter: each forward adds rank + 1 to a buffer."""
+    import warnings as warned
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 1)
+            self.register_buffer("seen", torch.zeros(()))
+
+        def forward(self, x):
+            self.seen += rank + 1
+            return self.linear(x)
+    with warned.catch_warnings(record=True) as caught:
+        warned.simplefilter("always")
+        model = DistributedDataParallel(
+            Counter(), **{compat.DDP_BUFFER_SYNC_ARGUMENT: sync})
+    for _ in range(3):
+        model(torch.ones(1, 2)).sum().backward()
+    return model.module.seen.item(), [str(w.message) for w in caught
+                                      if "buffers" in str(w.message)]
+
+
+@pytest.mark.parametrize("sync, seen", [(True, [3.0, 4.0]), (False, [3.0, 6.0])])
+def test_the_buffer_sync_argument_is_the_one_this_torch_takes(sync, seen):
+    results = dt.run(buffer_counts, 2, args=(sync,), backend="gloo", timeout=60)
+    assert [count for count, _ in results] == seen
+    assert all(not warned for _, warned in results), "no deprecation warning"
+
+
+def test_the_torchrun_runner_agrees_with_compat_on_the_store():
+    # torchrun_loopback is run by path and cannot import compat: same answer
+    assert (torchrun_loopback.LIBUV_STORE_TAKES_LISTEN_FD
+            == compat.TCPSTORE_LIBUV_TAKES_LISTEN_FD)
+
+
+def test_dt_run_on_native_windows_says_to_use_wsl2(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "win32")
+    before = dt.launcher.current_fork_server()
+    with pytest.raises(RuntimeError) as error:
+        dt.run(lambda rank, world_size: rank, 2)
+    assert "WSL2" in str(error.value) and "win32" in str(error.value)
+    assert "dt.run needs Linux or macOS" in str(error.value)
+    assert dt.launcher.current_fork_server() is before, "nothing started"
+
+
+def test_torchrun_from_a_notebook_on_native_windows_says_to_use_wsl2(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "win32")
+    with pytest.raises(RuntimeError, match="WSL2"):
+        dt.scripts.torchrun("train.py")
+
+
+def test_the_fork_server_disables_objc_fork_safety_on_macos_only(monkeypatch):
+    monkeypatch.delenv("OBJC_DISABLE_INITIALIZE_FORK_SAFETY", raising=False)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert forkserver.server_env({})["OBJC_DISABLE_INITIALIZE_FORK_SAFETY"] == "YES"
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert "OBJC_DISABLE_INITIALIZE_FORK_SAFETY" not in forkserver.server_env({})
+
+
+# What native Windows lacks that the launcher uses: if any of these were
+# touched at import, `import ddp_teach` would fail there.
+WINDOWS_SIMULATION = """
+import importlib, os, pkgutil, select, signal, socket, sys
+import torch, torch.distributed, numpy, cloudpickle, psutil, matplotlib.figure
+LACKS = {os: ["fork", "getuid", "geteuid", "killpg", "setpgid", "getpgid",
+              "setsid", "O_NOFOLLOW", "sched_getaffinity", "WNOHANG", "wait4"],
+         signal: ["SIGUSR1", "SIGUSR2", "SIGKILL", "SIGALRM", "SIGQUIT",
+                  "SIGHUP", "SIGCHLD", "pthread_kill"],
+         socket: ["send_fds", "recv_fds", "AF_UNIX"], select: ["poll", "epoll"]}
+for module, names in LACKS.items():
+    for name in names:
+        if hasattr(module, name):
+            delattr(module, name)
+for name in ("fcntl", "resource", "pwd", "grp", "termios", "pty"):
+    sys.modules[name] = None  # importing them now fails
+sys.platform = "win32"
+import ddp_teach
+failed = []
+for info in pkgutil.walk_packages(ddp_teach.__path__, "ddp_teach."):
+    try:
+        importlib.import_module(info.name)
+    except Exception as exc:
+        failed.append(f"{info.name}: {type(exc).__name__}: {exc}")
+try:
+    ddp_teach.run(print, 2)
+except RuntimeError as exc:
+    failed += [] if "WSL2" in str(exc) else [f"dt.run: {exc}"]
+print("\\n".join(failed) or "all imported")
+"""
+
+
+def test_every_module_imports_without_the_posix_calls_windows_lacks():
+    done = subprocess.run([sys.executable, "-c", WINDOWS_SIMULATION], cwd=ROOT,
+                          text=True, capture_output=True, timeout=240)
+    assert done.stdout.strip() == "all imported", done.stdout + done.stderr
