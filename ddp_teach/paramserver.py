@@ -25,15 +25,19 @@ The cost that made all-reduce win: every worker's gradients go *into* the
 server and every worker's parameters come *out* of it, so the server's link
 carries 2 x workers x model bytes per step, while a ring all-reduce sends
 about 2 x model bytes per rank whatever the number of ranks.
+
+torch for Windows is built without RPC, so `torch.distributed.rpc` is
+imported where it is used, not when this module is: the package imports on
+every platform, and starting RPC where there is none says so.
 """
 import os
+import sys
 import threading
 import time
 import warnings
 
 import torch
 import torch.distributed as dist
-import torch.distributed.rpc as rpc
 import torch.nn.functional as F
 
 from ddp_teach import tracing
@@ -50,6 +54,26 @@ def worker_name(rank: int) -> str:
     return SERVER if rank == 0 else f"worker{rank}"
 
 
+def rpc_module():
+    """`torch.distributed.rpc`, or a RuntimeError saying that this torch has
+    no RPC (torch for Windows, builds without distributed) and what to do."""
+    try:
+        import torch.distributed.rpc as rpc
+    except ImportError as missing:
+        raise _no_rpc(f"importing torch.distributed.rpc failed: {missing}") from missing
+    if not rpc.is_available():
+        raise _no_rpc("torch.distributed.rpc.is_available() is False")
+    return rpc
+
+
+def _no_rpc(why: str) -> RuntimeError:
+    return RuntimeError(
+        f"The parameter server needs torch.distributed.rpc, which this torch "
+        f"({torch.__version__} on {sys.platform}) does not have: {why}. torch "
+        f"for Windows is built without RPC; run this part of the course on "
+        f"Linux or macOS (on Windows: inside WSL2).")
+
+
 def start_rpc(rank: int, world_size: int, name: str | None = None,
               timeout: float = 60.0) -> str:
     """`rpc.init_rpc` for a process started by `dt.run` (or torchrun).
@@ -61,6 +85,7 @@ def start_rpc(rank: int, world_size: int, name: str | None = None,
     interface and to its plain TCP transport, so nothing listens on any
     other address. Returns this process's RPC name (default "rank{rank}").
     """
+    rpc = rpc_module()
     name = f"rank{rank}" if name is None else name
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     os.environ.setdefault("TP_SOCKET_IFNAME", loopback_interface())
@@ -161,17 +186,31 @@ def async_update(server, grads) -> bool:
     return True
 
 
+def _async_execution(fn):
+    """torch's `rpc.functions.async_execution`: the server answers an RPC to
+    `fn` when the future `fn` returns completes, not when `fn` returns. That
+    decorator lives in a module of plain Python that imports where RPC is
+    missing too; where even that fails, `fn` stays undecorated, and
+    `start_rpc` (needed before any RPC) says why RPC cannot run."""
+    try:
+        from torch.distributed.rpc.functions import async_execution
+    except ImportError:
+        return fn
+    return async_execution(fn)
+
+
 def _pull():  # RPC targets: run on the server, found there by name
     return _server.pull()
 
 
-@rpc.functions.async_execution
+@_async_execution
 def _push(version, grads):
     return _server.push(version, grads)
 
 
 def _work(rank, make_model, batch_fn, steps, loss_fn, delay_s):
     """A worker's loop: pull, compute gradients on its batch, push."""
+    rpc = rpc_module()
     model = make_model()
     losses = []
     for step in range(steps):
@@ -218,9 +257,9 @@ def train(rank, world_size, make_model, batch_fn, steps, lr, update=None,
             rank, make_model, batch_fn, steps, loss_fn,
             (delays or {}).get(rank, 0.0))
     except BaseException:
-        rpc.shutdown(graceful=False)  # the others may wait for us forever:
+        rpc_module().shutdown(graceful=False)  # the others may wait for us forever:
         raise                         # fail now, and let dt.run stop them
-    rpc.shutdown()  # graceful: waits until every rank is done
+    rpc_module().shutdown()  # graceful: waits until every rank is done
     return _server.state() if rank == 0 else losses
 
 

@@ -1,5 +1,10 @@
 """The RPC parameter server: synchronous it trains exactly as DDP does,
-asynchronous it never waits, and it listens on the loopback only."""
+asynchronous it never waits, and it listens on the loopback only; where
+torch has no RPC (Windows) the module still imports and says so."""
+import subprocess
+import sys
+from pathlib import Path
+
 import psutil
 import pytest
 import torch
@@ -103,3 +108,36 @@ def test_a_failing_worker_is_reported_and_nothing_hangs():
 def test_worker_names():
     assert [paramserver.worker_name(r) for r in range(3)] == [
         "server", "worker1", "worker2"]
+
+
+# torch for Windows has no RPC. Its torch.distributed.rpc imports but says
+# is_available() is False; a build without distributed may fail to import it.
+WITHOUT_RPC = """
+import sys, torch
+sys.modules["torch.distributed.rpc"] = None  # importing it now fails
+sys.modules["torch.distributed.rpc.functions"] = None
+del torch.distributed.rpc
+import ddp_teach
+from ddp_teach import paramserver
+try:
+    paramserver.start_rpc(0, 1)
+except RuntimeError as error:
+    print(error)
+"""
+
+
+def test_the_module_imports_without_rpc_and_says_why_it_cannot_serve():
+    done = subprocess.run([sys.executable, "-c", WITHOUT_RPC], text=True,
+                          capture_output=True, timeout=120,
+                          cwd=Path(dt.__file__).parents[1])
+    assert done.returncode == 0, done.stderr
+    assert "needs torch.distributed.rpc" in done.stdout, done.stdout + done.stderr
+    assert "import of torch.distributed.rpc halted" in done.stdout, "the cause"
+    assert "WSL2" in done.stdout
+
+
+def test_rpc_unavailable_in_this_build_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(rpc, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"is_available\(\) is False") as error:
+        paramserver.train(1, 2, make_model, batch_fn, STEPS, LR)
+    assert f"torch ({torch.__version__} on {sys.platform})" in str(error.value)
