@@ -1,11 +1,21 @@
-"""Notebook 02's planted mistakes (PLANTED, run by test_registry.py, which
-also checks every reference and stub): each must get the hint that fits."""
-import copy
-import threading
-
+"""Notebook 02's planted mistakes for scatter and gather (PLANTED, run by
+test_registry.py, which also checks every reference and stub): each must get
+the hint that names it. Below them, what no answer may do to the checkers."""
+import pytest
 import torch
 
 from ddp_teach import dp
+
+
+def detached(obj):
+    """obj with every tensor in it detached (containers kept)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach()
+    if isinstance(obj, dict):
+        return type(obj)((k, detached(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(detached(v) for v in obj)
+    return obj
 
 
 def split_evenly(inputs, devices):
@@ -21,78 +31,85 @@ def always_n_pieces(inputs, devices):
     return pieces + [inputs[:0]] * (len(devices) - len(pieces))
 
 
-def untied(module, devices):
-    """Clones every module's parameters separately: tied weights come apart."""
-    replicas = []
-    for _ in devices:
-        replica = copy.copy(module)
-        replica._modules = {}
-        for name, child in module.named_children():
-            twin = copy.copy(child)
-            twin._parameters = {k: v.clone() for k, v in child._parameters.items()}
-            replica._modules[name] = twin
-        replica._buffers = {k: v.clone() for k, v in module._buffers.items()}
-        replicas.append(replica)
-    return replicas
+def split_by_size(inputs, devices):
+    """torch.split(x, k) cuts pieces OF k rows, not k pieces."""
+    return dp.scatter(inputs, devices) if not isinstance(inputs, torch.Tensor) \
+        else list(inputs.split(len(devices)))
 
 
-def one_thread(replicas, inputs, devices):
-    return [r(x) for r, x in zip(replicas, inputs)]
+def along_features(inputs, devices):
+    return dp.scatter(inputs, devices) if not isinstance(inputs, torch.Tensor) \
+        else list(inputs.chunk(len(devices), dim=-1))
 
 
-def swallows_errors(replicas, inputs, devices):
-    outputs = [None] * len(replicas)
-
-    def work(i):
-        try:
-            outputs[i] = replicas[i](inputs[i])
-        except Exception:
-            pass  # planted mistake: the error vanishes with its thread
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(replicas))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return outputs
+def tuples_become_lists(inputs, devices):
+    return [list(p) if isinstance(p, tuple) else p for p in dp.scatter(inputs, devices)]
 
 
-def reversed_outputs(replicas, inputs, devices):
-    return dp.parallel_apply(replicas, inputs, devices)[::-1]
+def scatter_detached(inputs, devices):
+    return dp.scatter(detached(inputs), devices)
 
 
-def deepcopied_replicas(module, inputs, devices):
-    pieces = dp.scatter(inputs, devices)
-    outs = [copy.deepcopy(module)(p) for p in pieces]
-    return dp.gather(outs, devices[0])
+def gather_detached(outputs, target):
+    """The issue's example: DataParallel then trains with no gradient."""
+    return dp.gather(detached(outputs), target)
 
 
-def first_piece_only(module, inputs, devices):
-    return module(dp.scatter(inputs, devices)[0])
+def gather_along_features(outputs, target):
+    return torch.cat(outputs, dim=1)
 
 
-def no_gather(module, inputs, devices):
-    pieces = dp.scatter(inputs, devices)
-    return [module(p) for p in pieces]
+def gather_adds(outputs, target):
+    return sum(outputs)
+
+
+def gather_tuple_as_list(outputs, target):
+    joined = dp.gather(outputs, target)
+    return list(joined) if isinstance(joined, tuple) else joined
 
 
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("dp_scatter", split_evenly, "not tensor_split"),
     ("dp_scatter", tensors_only, "keep the container"),
     ("dp_scatter", always_n_pieces, "do not make empty ones"),
+    ("dp_scatter", split_by_size, "torch.split(x, k) cuts pieces of k rows"),
+    ("dp_scatter", along_features, "split along dimension 0 (the batch)"),
+    ("dp_scatter", tuples_become_lists, ("must be a tuple again", "got a list")),
+    ("dp_scatter", scatter_detached, ("cut off from its autograd graph", ".detach()")),
     ("dp_gather", lambda outputs, target: torch.stack(outputs), "torch.stack adds a dimension"),
     ("dp_gather", lambda outputs, target: torch.cat(outputs[::-1]), "keep the devices' order"),
     ("dp_gather", lambda outputs, target: torch.cat(outputs) if isinstance(
         outputs[0], torch.Tensor) else (torch.cat([o[0] for o in outputs]),
                                         outputs[0][1]), "element by element"),
-    ("dp_replicate", lambda m, devices: [copy.deepcopy(m) for _ in devices], "deepcopy"),
-    ("dp_replicate", lambda m, devices: [m for _ in devices], "each device needs a copy"),
-    ("dp_replicate", untied, "tied weight"),
-    ("dp_parallel_apply", one_thread, "start a threading.Thread per replica"),
-    ("dp_parallel_apply", swallows_errors, "an exception in a thread is lost"),
-    ("dp_parallel_apply", reversed_outputs, "at its replica's index"),
-    ("data_parallel", deepcopied_replicas, "gradients differ"),
-    ("data_parallel", first_piece_only, "gather the replicas' outputs"),
-    ("data_parallel", no_gather, "gather the replicas' outputs"),
+    ("dp_gather", gather_detached, ("would train with no gradient", ".detach()")),
+    ("dp_gather", gather_along_features, "join along dimension 0 (the batch)"),
+    ("dp_gather", gather_adds, "it does not add them"),
+    ("dp_gather", gather_tuple_as_list, ("is a tuple too (got a list)", "type(first)")),
 ]
 
+ODD_RETURNS = [None, 42, "text", [], [None], [torch.tensor(1.0)] * 3, (), {"a": 1},
+               iter([]), [torch.zeros(0)] * 3, torch.tensor(1.0)]
+NOTEBOOK_02 = ["dp_scatter", "dp_gather", "dp_replicate", "dp_parallel_apply",
+               "data_parallel"]
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_02)
+@pytest.mark.parametrize("odd", ODD_RETURNS, ids=repr)
+def test_an_odd_return_value_is_a_wrong_answer_never_an_internal_error(name, odd, verdict):
+    """Whatever comes back, the checker says what it got; its own code never
+    fails (which check() would show as an error of the learner's)."""
+    def my_function(*args):
+        return odd
+    passed, seen = verdict(name, my_function)
+    assert not passed and "❌" in seen, seen
+    assert "raised" not in seen and "Error" not in seen, seen
+
+
+def test_scatter_hint_for_tensor_split_names_both_sizes(verdict):
+    passed, seen = verdict("dp_scatter", split_evenly)
+    assert "10 on 3 devices is 4, 4, 2" in seen and "tensor(4, 2), tensor(3, 2)" in seen, seen
+
+
+def test_gather_shows_the_values_when_the_shapes_agree(verdict):
+    passed, seen = verdict("dp_gather", lambda outputs, target: torch.cat(outputs) * 2)
+    assert not passed and "expected [0, 1, 2" in seen and "got [0, 2, 4" in seen, seen

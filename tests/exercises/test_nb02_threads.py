@@ -1,0 +1,104 @@
+"""Notebook 02's planted mistakes for parallel_apply (PLANTED, run by
+test_registry.py): each must get the hint that names it. Below them, a hint
+that must show what differs, and what the probe costs a right answer."""
+import contextlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from ddp_teach import dp
+from ddp_teach.exercises import nb02_threads
+
+
+def threaded(**mistake):
+    """A parallel_apply with one thread per replica, right but for the
+    mistake that the keyword names (its test id too)."""
+    unpack, carry_grad_mode = mistake.get("unpack", True), mistake.get("carry_grad_mode", True)
+    no_grad_inside, join_each = mistake.get("no_grad_inside"), mistake.get("join_each")
+    keep, on_error = mistake.get("keep", "index"), mistake.get("on_error", "raise named")
+
+    def my_parallel_apply(replicas, inputs, devices):
+        grad = torch.is_grad_enabled()
+        results, errors, finished = [None] * len(replicas), [None] * len(replicas), []
+
+        def work(i):
+            args = inputs[i] if unpack and isinstance(inputs[i], tuple) else (inputs[i],)
+            inside = torch.no_grad() if no_grad_inside else contextlib.nullcontext()
+            try:
+                with torch.set_grad_enabled(grad if carry_grad_mode else True), inside:
+                    out = replicas[i](*args)
+                if keep == "index":
+                    results[i] = out
+                else:
+                    finished.append(out)
+            except Exception as exc:
+                errors[i] = exc
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(replicas))]
+        for t in threads:
+            t.start()
+            if join_each:
+                t.join()
+        for t in threads:
+            t.join()
+        for i, exc in enumerate(errors):
+            if exc is None or on_error == "swallow":
+                continue
+            if on_error == "return":
+                results[i] = exc
+            elif on_error == "raise bare":
+                raise exc
+            else:
+                raise RuntimeError(f"replica {i} on {devices[i]}: {exc}") from exc
+        return results if keep == "index" else finished
+    my_parallel_apply.__name__ = "threads_" + "_".join(
+        f"{k}_{v}".replace(" ", "_") for k, v in mistake.items())
+    return my_parallel_apply
+
+
+def one_thread(replicas, inputs, devices):
+    return [r(*x) if isinstance(x, tuple) else r(x) for r, x in zip(replicas, inputs)]
+
+
+def reversed_outputs(replicas, inputs, devices):
+    return dp.parallel_apply(replicas, inputs, devices)[::-1]
+
+
+def pool_of_two(replicas, inputs, devices):
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda r, x: r(*x) if isinstance(x, tuple) else r(x),
+                             replicas, inputs))
+
+
+PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
+    ("dp_parallel_apply", one_thread, "start a threading.Thread per replica"),
+    ("dp_parallel_apply", threaded(on_error="swallow"), "an exception in a thread is lost"),
+    ("dp_parallel_apply", reversed_outputs, "at its replica's index"),
+    ("dp_parallel_apply", threaded(join_each=True),
+     ("at most 1 of 3", "joined before the next one started")),
+    ("dp_parallel_apply", threaded(keep="finish order"), "(results.append)"),
+    ("dp_parallel_apply", threaded(unpack=False), "call replicas[i](*inputs[i])"),
+    ("dp_parallel_apply", threaded(carry_grad_mode=False),
+     ("under torch.no_grad()", "grad mode belongs to each thread")),
+    ("dp_parallel_apply", threaded(no_grad_inside=True), "carry no autograd graph"),
+    ("dp_parallel_apply", threaded(on_error="return"), "returned the exception"),
+    ("dp_parallel_apply", threaded(on_error="raise bare"), "say which replica"),
+    ("dp_parallel_apply", pool_of_two, ("at most 2 of 3", "fewer threads than replicas")),
+]
+
+
+def test_parallel_apply_shows_the_values_that_differ(verdict):
+    """Before, this read "expected [tensor(3, 1)...] got [tensor(3, 1)...]"."""
+    passed, seen = verdict("dp_parallel_apply",
+                           lambda replicas, inputs, devices: list(inputs))
+    assert not passed, seen
+    assert "output 0 should be replicas[i](inputs[i]): [0, 2, 4]; got [0, 1, 2]" in seen, seen
+
+
+def test_a_parallel_run_of_the_reference_never_waits_at_the_meeting():
+    """The barrier costs a right answer nothing: its check stays fast."""
+    start = time.perf_counter()
+    assert nb02_threads.check_parallel_apply(dp.parallel_apply).status == "correct"
+    assert time.perf_counter() - start < nb02_threads.MEET_TIMEOUT_S
