@@ -1,39 +1,97 @@
-"""Checkers for notebook 01's exercises: collectives from point-to-point
-messages, and the alpha-beta model fitted to their times.
+"""Checkers for notebook 01's collectives built from point-to-point messages
+(the alpha-beta fit is checked in nb01_alpha_beta.py).
 
-Each checker runs the learner's function where it would really run (on worker
-processes, for the collectives) over inputs chosen to expose typical
-mistakes: a world size of 1, tensors shorter than the number of ranks or not
-divisible by it, integer dtypes. When a result is wrong it is compared with
-what each typical mistake would produce (an average instead of a sum, a
-missing own contribution, a chunk index off by one, a list in the wrong
-order, a deadlock, a buffer read before its receive finished), so that
-the hint names the mistake actually made.
+Each runs the learner's function where it would really run, on worker
+processes, traced, over every world size from 1 to 4 and every case below:
+lengths 0, 1, 2 (shorter than most world sizes), 5 (not divisible by 2, 3
+or 4) and 1000, in float32, float64 and int64; then, on 2 and 3 ranks, a
+float tensor that requires grad, as a parameter does.
+
+What the references (`collectives.ring_allreduce`, `ring_all_gather`)
+guarantee, and how each property is checked:
+
+- values: the sum over ranks (exact: the inputs are small integers), or
+  every rank's tensor at the index of the rank it came from;
+- in place for the all-reduce: the caller's tensor holds the sum, as with
+  `dist.all_reduce`; the all-gather returns a new list and no slot shares
+  memory with the input (changing the input later must not change it);
+- autograd: a tensor that requires grad works, and nothing is recorded
+  (the sum lands in the tensor's data; the gathered slots hold data only),
+  as torch's collectives do;
+- concurrency: no rank waits for ever (a hang is reported with where each
+  rank waited), and no buffer is read before its receive's wait()
+  returned (harness.lands_on_wait fills it with poison until then);
+- point-to-point only, and a ring's traffic: each rank sends and receives
+  at most 2(p-1) chunks of ceil(n/p) elements each way for the all-reduce,
+  and (p-1) tensors each way for the all-gather (from the trace's bytes);
+- edge sizes: one rank (nothing to send), empty tensors, lengths below p.
+
+Processes with different hash seeds cannot differ here: nothing is hashed.
+A wrong result is compared with what each typical mistake would produce
+(an average instead of a sum, a missing own contribution, a chunk index
+off by one, a list in the wrong order, the input aliased, a deadlock, a
+buffer read early, a collective used, whole tensors sent, torch.chunk's
+missing chunks, an in-place write autograd refuses), so that the hint names
+the mistake actually made.
 """
-import numpy as np
+import math
+
 import torch
 
 from ddp_teach.exercises.harness import (DEADLOCK_HINT, READ_BEFORE_WAIT_HINT,
                                         attempt, describe_deadlock, is_poisoned,
                                         lands_on_wait, run_learner_code)
-from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE, WRONG,
-                                         Exercise, Verdict, register)
+from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
+                                         Verdict, register)
 
 WORLD_SIZES = (1, 2, 3, 4)
-CASES = [(n, d) for n in (0, 1, 2, 5, 1000)
+CASES = [(n, d, False) for n in (0, 1, 2, 5, 1000)
          for d in ("float32", "float64", "int64")]
+# checked once the values are right: (length, dtype, requires_grad)
+GRAD_CASES, GRAD_WORLD_SIZES = [(5, "float32", True)], (2, 3)
 CHECK_TIMEOUT_S = 5.0
 ALONE_HINT = ("with one rank there is nobody to send to; return early when "
               "world_size == 1.")
-def make_input(rank: int, numel: int, dtype: str) -> torch.Tensor:
+P2P_CALLS = {"isend", "irecv", "send", "recv", "batch_isend_irecv"}
+# the reference's length check (collectives._require_same_numel), and a call
+# that moves no data
+NOT_DATA = {"size check", "barrier"}
+SHARED_SLOTS_HINT = (
+    "two slots of the list are one buffer: receive each message into a "
+    "buffer of its own (torch.empty_like(tensor) per step). A buffer reused "
+    "at every step is overwritten, even while it is still being sent on.")
+ERROR_HINTS = {  # a piece of an error's text: the mistake it shows
+    "index out of range": (
+        "an index past the last chunk: tensor.chunk(p) and tensor.split(k) "
+        "give fewer than p pieces when the tensor is shorter than p; "
+        "tensor.tensor_split(p) always gives p (some of them empty)."),
+    "requires grad is being used in an in-place operation": (
+        "the tensor requires grad (a parameter does), and autograd refuses "
+        "in-place writes to it. dist.all_reduce works on the data outside "
+        "autograd: do the same on tensor.detach(), which shares its memory."),
+}
+
+
+def make_input(rank: int, numel: int, dtype: str, requires_grad: bool = False):
     """Small integers that differ per rank, so float sums are exact."""
-    values = (torch.arange(numel) % 7 + 1) * (rank + 1) + rank
-    return values.to(getattr(torch, dtype))
+    values = ((torch.arange(numel) % 7 + 1) * (rank + 1) + rank).to(
+        getattr(torch, dtype))
+    return values.requires_grad_() if requires_grad else values
+
+
+def describe_case(numel: int, dtype: str, requires_grad: bool) -> str:
+    return (f"a tensor of {numel} {dtype} values"
+            + (" that requires grad" if requires_grad else ""))
+
+
+def _on(world_size: int) -> str:
+    return f"on {world_size} rank{'s' * (world_size > 1)}"
 
 
 def _same(a, b) -> bool:
     if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
         return False
+    a, b = a.detach(), b.detach()
     return torch.allclose(a, b) if a.is_floating_point() else torch.equal(a, b)
 
 
@@ -42,58 +100,169 @@ def _show(t) -> str:
         return "[" + ", ".join(_show(x) for x in t) + "]"
     if not isinstance(t, torch.Tensor):
         return repr(t)[:80]
-    values = t.flatten().tolist()
+    values = t.detach().flatten().tolist()
     more = f", … ({t.numel()} values)" if len(values) > 6 else ""
     return "[" + ", ".join(f"{v:g}" for v in values[:6]) + more + "]"
 
 
+def _shares_memory(a, b) -> bool:
+    """Whether tensors a and b overlap in memory (views of one buffer that
+    cover different elements, such as rows of one matrix, do not)."""
+    if not (isinstance(a, torch.Tensor) and a.numel() and b.numel()) or \
+            a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    return (a.data_ptr() < b.data_ptr() + _extent(b)
+            and b.data_ptr() < a.data_ptr() + _extent(a))
+
+
+def _extent(t) -> int:
+    """Bytes from t's first element to just past its last one."""
+    span = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return (span + 1) * t.element_size()
+
+
+def _outcome(result, tensor):
+    """What the checker needs of one call's result, picklable: the value
+    (detached) and, for a returned list, whether a slot carries autograd
+    history or shares memory with the input or with another slot."""
+    parts = result if isinstance(result, (list, tuple)) else [result]
+    tensors = [p for p in parts if isinstance(p, torch.Tensor)]
+    value = ([p.detach() if isinstance(p, torch.Tensor) else p for p in result]
+             if isinstance(result, (list, tuple))
+             else result.detach() if isinstance(result, torch.Tensor) else result)
+    listed = isinstance(result, (list, tuple))  # else the tensor itself
+    return {"value": value,
+            "grad": listed and any(t.requires_grad for t in tensors),
+            "aliases_input": listed and any(_shares_memory(t, tensor)
+                                            for t in tensors),
+            "shared_slots": listed and any(
+                _shares_memory(a, b) for i, a in enumerate(tensors)
+                for b in tensors[i + 1:])}
+
+
 def _on_ranks(rank, world_size, fn, cases, in_place):
     """Worker side: the learner's fn on every case; what it produced. A
-    received message lands only at wait() (see harness.lands_on_wait)."""
+    received message lands only at wait() (see harness.lands_on_wait); an
+    error says which case raised it."""
     produced = []
-    for numel, dtype in cases:
-        tensor = make_input(rank, numel, dtype)
+    for numel, dtype, grad in cases:
+        tensor = make_input(rank, numel, dtype, grad)
         with lands_on_wait():
-            returned = attempt(fn, tensor)
+            try:
+                returned = attempt(fn, tensor)
+            except Exception as error:
+                error.add_note(f"(the checker's input here: "
+                               f"{describe_case(numel, dtype, grad)})")
+                raise
         if returned is NOT_ATTEMPTED:
             return NOT_ATTEMPTED
-        produced.append(tensor if in_place else returned)
+        produced.append(_outcome(tensor if in_place else returned, tensor))
     return produced
 
 
-def check_on_ranks(fn, in_place: bool, expected, diagnose) -> Verdict:
-    """Run fn on every world size and case; the first wrong result wins.
-    expected(inputs) is the right answer, diagnose(got, inputs, rank) None
-    when `got` is right, else a hint for the mistake it looks like."""
-    for world_size in WORLD_SIZES:
-        results, problem = run_learner_code(
-            _on_ranks, world_size, fn, timeout=CHECK_TIMEOUT_S,
-            args=(CASES, in_place), on_hang=describe_deadlock,
-            alone_hint=ALONE_HINT)
-        if problem:
-            return problem
-        # largest tensors first: on a tiny tensor different mistakes look alike
-        for index, (numel, dtype) in sorted(enumerate(CASES),
-                                            key=lambda case: -case[1][0]):
-            inputs = [make_input(r, numel, dtype) for r in range(world_size)]
-            for rank in range(world_size):
-                got = results[rank][index]
-                problem = (READ_BEFORE_WAIT_HINT if is_poisoned(got)
-                           else diagnose(got, inputs, rank))
-                if problem:
-                    return Verdict(WRONG, (
-                        f"on {world_size} ranks, rank {rank}, a tensor of "
-                        f"{numel} {dtype} values:\n"
-                        f"  this rank's input  {_show(inputs[rank])}\n"
-                        f"  expected           {_show(expected(inputs))}"
-                        f"\n  got                {_show(got)}\n"
-                        f"Hint: {problem}"))
+def _with_error_hint(verdict: Verdict) -> Verdict:
+    for sign, hint in ERROR_HINTS.items():
+        if sign in verdict.message and "Hint:" not in verdict.message:
+            return Verdict(verdict.status, f"{verdict.message}\nHint: {hint}")
+    return verdict
+
+
+def check_on_ranks(fn, in_place: bool, expected, diagnose, traffic) -> Verdict:
+    """Run fn on every world size and case, then on a tensor that requires
+    grad; the first wrong result wins. expected(inputs) is the right
+    answer, diagnose(outcome, inputs, rank) None when the outcome is right,
+    else a hint for the mistake it looks like; traffic(numel, elem_bytes, p)
+    the most bytes a rank may send and receive for one case."""
+    for cases, world_sizes, alone in ((CASES, WORLD_SIZES, ALONE_HINT),
+                                      (GRAD_CASES, GRAD_WORLD_SIZES, None)):
+        runs = {}
+        for world_size in world_sizes:
+            runs[world_size], problem = run_learner_code(
+                _on_ranks, world_size, fn, timeout=CHECK_TIMEOUT_S, trace=True,
+                args=(cases, in_place), on_hang=describe_deadlock,
+                alone_hint=alone)
+            if problem:
+                return _with_error_hint(problem)
+        # every world size's values before any of their communication: a
+        # wrong value names the mistake better than the calls that made it
+        for check in (lambda ws, r: _wrong_value(r, cases, ws, expected, diagnose),
+                      lambda ws, r: _communication_problem(r.timeline, cases, ws,
+                                                           traffic)):
+            problem = next(filter(None, (check(ws, r) for ws, r in runs.items())),
+                           None)
+            if problem:
+                return Verdict(WRONG, problem)
     return Verdict(CORRECT, f"tried world sizes {WORLD_SIZES}, tensor lengths "
-                            f"{sorted({n for n, _ in CASES})} and dtypes "
-                            f"{sorted({d for _, d in CASES})}.")
+                            f"{sorted({n for n, _, _ in CASES})}, dtypes "
+                            f"{sorted({d for _, d, _ in CASES})} and a tensor "
+                            "that requires grad; point-to-point messages only, "
+                            "no more bytes than the algorithm needs.")
 
 
-def diagnose_all_reduce(got, inputs, rank) -> str | None:
+def _wrong_value(results, cases, world_size, expected, diagnose) -> str | None:
+    """What a wrong result looked like, with the hint that fits, or None."""
+    # largest tensors first: on a tiny tensor different mistakes look alike
+    for index, case in sorted(enumerate(cases), key=lambda c: -c[1][0]):
+        inputs = [make_input(r, *case) for r in range(world_size)]
+        for rank in range(world_size):
+            outcome = results[rank][index]
+            hint = (SHARED_SLOTS_HINT if outcome["shared_slots"]
+                    else READ_BEFORE_WAIT_HINT if is_poisoned(outcome["value"])
+                    else diagnose(outcome, inputs, rank))
+            if hint:
+                return (f"{_on(world_size)}, rank {rank}, "
+                        f"{describe_case(*case)}:\n"
+                        f"  this rank's input  {_show(inputs[rank])}\n"
+                        f"  expected           {_show(expected(inputs))}\n"
+                        f"  got                {_show(outcome['value'])}\n"
+                        f"Hint: {hint}")
+    return None
+
+
+def _communication_problem(timeline, cases, world_size, traffic) -> str | None:
+    """None when every rank used only point-to-point calls and moved no
+    more bytes than the algorithm needs, else what was wrong, with a hint."""
+    allowed = sum(traffic(numel, torch.tensor([], dtype=getattr(torch, dtype))
+                          .element_size(), world_size)
+                  for numel, dtype, _ in cases)
+    for rank in range(world_size):
+        events = [e for e in timeline.for_rank(rank) if e.kind == "comm"]
+        used = sorted({e.name for e in events} - P2P_CALLS - NOT_DATA)
+        if used:
+            return (f"{_on(world_size)}, rank {rank} called {', '.join(f'dist.{n}' for n in used)}."
+                    "\nHint: the exercise builds the collective from "
+                    "point-to-point messages alone: dist.isend / dist.irecv "
+                    "(or send / recv).")
+        moved = _bytes_moved(events)
+        if moved > allowed:
+            return (f"{_on(world_size)}, rank {rank} sent and received {moved:,} bytes over all "
+                    f"the cases, where the algorithm needs at most "
+                    f"{allowed:,}.\nHint: send one chunk per step, not the "
+                    "whole tensor, and never the same data twice.")
+    return None
+
+
+def _bytes_moved(events) -> int:
+    """Bytes sent and received in point-to-point calls. The trace records
+    each work of a batch_isend_irecv with the whole batch's bytes, so a
+    batch counts once (its works share the call's start time)."""
+    batches = {(e.start, e.nbytes) for e in events if e.name == "batch_isend_irecv"}
+    return sum(nbytes for _, nbytes in batches) + sum(
+        e.nbytes for e in events if e.name in P2P_CALLS - {"batch_isend_irecv"})
+
+
+def ring_traffic(numel: int, elem_bytes: int, p: int) -> int:
+    """A ring all-reduce: 2(p-1) chunks of at most ceil(n/p) out, as many in."""
+    return 4 * (p - 1) * math.ceil(numel / p) * elem_bytes
+
+
+def all_gather_traffic(numel: int, elem_bytes: int, p: int) -> int:
+    """An all-gather: every other rank's tensor in, this one out p-1 times."""
+    return 2 * (p - 1) * numel * elem_bytes
+
+
+def diagnose_all_reduce(outcome, inputs, rank) -> str | None:
+    got = outcome["value"]
     expected, world_size = sum(inputs), len(inputs)
     if _same(got, expected):
         return None
@@ -120,12 +289,20 @@ def diagnose_all_reduce(got, inputs, rank) -> str | None:
             "(r + 1) mod p, and the all-gather passes the finished chunks on.")
 
 
-def diagnose_all_gather(got, inputs, rank) -> str | None:
-    world_size = len(inputs)
+def diagnose_all_gather(outcome, inputs, rank) -> str | None:
+    got, world_size = outcome["value"], len(inputs)
     if not isinstance(got, (list, tuple)) or len(got) != world_size:
         return (f"return a list of {world_size} tensors, one per rank, the "
                 "one from rank s at index s (like dist.all_gather).")
     if all(_same(g, e) for g, e in zip(got, inputs)):
+        if outcome["aliases_input"]:
+            return ("a slot of the list is your input tensor itself (or a view "
+                    "of it): change the input later and the gathered list "
+                    "changes too. Put a copy in your own slot (tensor.clone()).")
+        if outcome["grad"]:
+            return ("a slot carries autograd history: dist.all_gather returns "
+                    "data only. Copy your own tensor with "
+                    "tensor.detach().clone().")
         return None
     if not _same(got[rank], inputs[rank]) and all(
             _same(got[s], inputs[s]) for s in range(world_size) if s != rank):
@@ -139,65 +316,27 @@ def diagnose_all_gather(got, inputs, rank) -> str | None:
             "started on rank (r - s - 1) mod p from its left neighbour.")
 
 
-def link_as_pair(fit_alpha_beta):
-    """`ddp_teach.cost.fit_alpha_beta` returns a Link; the exercise returns
-    (alpha, beta)."""
-    def fit_pair(sizes, times, p):
-        link = fit_alpha_beta(sizes, times, p, "all_reduce")
-        return link.alpha, link.beta
-    return fit_pair
-
-
-def check_fit(fn) -> Verdict:
-    sizes = np.geomspace(1e3, 1e7, 9)
-    for p, alpha, beta in ((2, 2e-5, 1e-9), (4, 5e-5, 4e-10), (8, 1e-4, 2e-9)):
-        times = 2 * (p - 1) * alpha + 2 * (p - 1) / p * sizes * beta
-        try:
-            got = fn(list(sizes), list(times), p)
-        except NotImplementedError:
-            return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
-        got_alpha, got_beta = (got.alpha, got.beta) if hasattr(got, "alpha") else got
-        close = lambda x, y: abs(x - y) <= 0.01 * abs(y)  # noqa: E731
-        if close(got_alpha, alpha) and close(got_beta, beta):
-            continue
-        given = (f"on exact data from p={p}, alpha={alpha:g} s, beta={beta:g} "
-                 f"s/byte you returned alpha={got_alpha:g}, beta={got_beta:g}.")
-        if close(got_alpha, beta) and close(got_beta, alpha):
-            return Verdict(WRONG, given + "\nHint: return (alpha, beta), in that order.")
-        if close(got_beta, beta * 2 * (p - 1) / p) or close(got_alpha, alpha * 2 * (p - 1)):
-            return Verdict(WRONG, given + "\nHint: the ring sends 2(p-1) messages of "
-                           "n/p bytes each: t = 2(p-1) alpha + 2(p-1)/p n beta. "
-                           "Fit those coefficients, not t = alpha + n beta.")
-        return Verdict(WRONG, given + "\nHint: solve the least-squares problem "
-                       "with columns 2(p-1) and 2(p-1)/p n (np.linalg.lstsq).")
-    return Verdict(CORRECT, "recovered alpha and beta within 1% for p = 2, 4, 8.")
-
-
 register(Exercise(
     "ring_allreduce", "Ring all-reduce from isend/irecv", "my_ring_allreduce",
     "ddp_teach.collectives:ring_allreduce",
-    lambda fn: check_on_ranks(fn, True, sum, diagnose_all_reduce),
-    ["Split the flat tensor into world_size chunks with tensor.tensor_split(p): "
-     "it works even when the length is smaller than p.",
+    lambda fn: check_on_ranks(fn, True, sum, diagnose_all_reduce, ring_traffic),
+    ["Split the flat tensor into world_size chunks with tensor_split(p): "
+     "it gives p chunks even when the length is smaller than p.",
      "Phase 1 (reduce-scatter), p-1 steps: send one chunk to (rank+1) % p, "
      "receive one from (rank-1) % p and add it to your copy of that chunk.",
      "At step s rank r sends chunk (r - s) % p and receives chunk (r - s - 1) % p. "
      "Phase 2 (all-gather) is the same walk with copy instead of add, "
      "starting from chunk (r + 1) % p.",
-     DEADLOCK_HINT]))
+     DEADLOCK_HINT,
+     "Like dist.all_reduce, work on tensor.detach(): the same memory, and "
+     "autograd neither records nor refuses the in-place adds."]))
 register(Exercise(
     "all_gather_p2p", "All-gather from point-to-point messages", "my_all_gather",
     "ddp_teach.collectives:ring_all_gather",
-    lambda fn: check_on_ranks(fn, False, list, diagnose_all_gather),
-    ["Start with a list of p slots; your own tensor goes in slot rank.",
+    lambda fn: check_on_ranks(fn, False, list, diagnose_all_gather,
+                              all_gather_traffic),
+    ["Start with a list of p slots; a copy of your own tensor goes in slot rank.",
      "Pass tensors around the ring: p-1 steps, each sending the tensor you "
-     "received last to the right and receiving a new one from the left.",
-     DEADLOCK_HINT]))
-register(Exercise(
-    "fit_alpha_beta", "Fit alpha and beta to ring all-reduce times",
-    "my_fit_alpha_beta", "ddp_teach.cost:fit_alpha_beta", check_fit,
-    ["The ring all-reduce time is linear in alpha and beta: "
-     "t = 2(p-1) * alpha + 2(p-1)/p * n * beta.",
-     "Build a matrix with one row per measurement, columns 2(p-1) and "
-     "2(p-1)/p * n, and solve it with np.linalg.lstsq against the times."],
-    adapt=link_as_pair))
+     "received last to the right and receiving a new one, into a buffer of "
+     "its own, from the left.",
+     "Post the isend and the irecv of a step before waiting on either."]))

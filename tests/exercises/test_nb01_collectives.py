@@ -17,11 +17,13 @@ def check(name, fn, capsys):
 
 
 def ring(tensor, all_gather_shift=0, blocking=False, read_early=False,
-         batched=False):
-    """A ring all-reduce with knobs for three classic mistakes (and for
-    batch_isend_irecv, which is right too)."""
+         batched=False, split=None, detach=True):
+    """A ring all-reduce with knobs for classic mistakes (and for
+    batch_isend_irecv, which is right too). `split(flat, p)` cuts the flat
+    tensor into chunks (tensor_split unless given)."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    chunks = list(tensor.view(-1).tensor_split(world))
+    flat = (tensor.detach() if detach else tensor).view(-1)
+    chunks = list(split(flat, world) if split else flat.tensor_split(world))
     right, left = (rank + 1) % world, (rank - 1) % world
 
     def exchange(send_index, recv_index, combine):
@@ -81,6 +83,26 @@ def stub(*args):
     raise NotImplementedError("your turn")
 
 
+def whole_tensor_ring(tensor):
+    """Right sums, but every step passes a whole tensor round the ring:
+    (p-1) n bytes out per rank where a ring of chunks sends 2(p-1)/p n."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    total, passing = tensor.detach().clone(), tensor.detach().clone()
+    for _ in range(world - 1):
+        incoming = torch.empty_like(passing)
+        works = [dist.isend(passing, (rank + 1) % world),
+                 dist.irecv(incoming, (rank - 1) % world)]
+        for work in works:
+            work.wait()
+        total += incoming
+        passing = incoming
+    tensor.detach().copy_(total)
+
+
+def uses_all_reduce(tensor):
+    dist.all_reduce(tensor)
+
+
 def test_the_reference_ring_allreduce_is_correct(capsys):
     from ddp_teach.collectives import ring_allreduce
     passed, seen = check("ring_allreduce", ring_allreduce, capsys)
@@ -88,6 +110,8 @@ def test_the_reference_ring_allreduce_is_correct(capsys):
 
 
 def test_a_correct_hand_written_ring_passes(capsys):
+    """It works on tensor.detach(), as the reference and dist.all_reduce
+    do, so the tensor that requires grad passes too."""
     assert check("ring_allreduce", ring, capsys)[0]
 
 
@@ -110,9 +134,73 @@ def gather_without_own(tensor):
     return everyone
 
 
+def gather_ring(tensor, own=lambda t: t.detach().clone(), reuse_buffer=False):
+    """A ring all-gather with knobs: what goes in the own slot, and one
+    receive buffer for every step."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    out = [None] * world
+    out[rank] = own(tensor)
+    buffer = torch.empty_like(tensor.detach())
+    for step in range(world - 1):
+        incoming = buffer if reuse_buffer else torch.empty_like(tensor.detach())
+        works = [dist.isend(out[(rank - step) % world], (rank + 1) % world),
+                 dist.irecv(incoming, (rank - 1) % world)]
+        for work in works:
+            work.wait()
+        out[(rank - step - 1) % world] = incoming
+    return out
+
+
+def uses_all_gather(tensor):
+    out = [torch.empty_like(tensor.detach()) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, tensor.detach())
+    return out
+
+
+def test_a_hand_written_gather_ring_passes(capsys):
+    assert check("all_gather_p2p", gather_ring, capsys)[0]
+
+
 def plain_line_fit(sizes, times, p):
     slope, intercept = np.polyfit(sizes, times, 1)
     return intercept, slope  # fits t = alpha + n beta: the ring's factors lost
+
+
+def ring_columns(sizes, p):
+    sizes = np.asarray(sizes, float)
+    return np.column_stack([np.full_like(sizes, 2 * (p - 1)), 2 * (p - 1) / p * sizes])
+
+
+def unweighted_fit(sizes, times, p):
+    """Right on exact data; on noisy times the largest messages decide."""
+    alpha, beta = np.linalg.lstsq(ring_columns(sizes, p), np.asarray(times),
+                                  rcond=None)[0]
+    return float(alpha), float(beta)
+
+
+def fitted_for_two_ranks(sizes, times, p):
+    return unweighted_fit(sizes, times, 2)
+
+
+def in_microseconds(sizes, times, p):
+    alpha, beta = unweighted_fit(sizes, times, p)
+    return alpha * 1e6, beta * 1e6
+
+
+def whole_lstsq_result(sizes, times, p):
+    return np.linalg.lstsq(ring_columns(sizes, p), np.asarray(times), rcond=None)
+
+
+def relative_fit(sizes, times, p):
+    """The fit the exercise asks for, written as a learner would."""
+    times = np.asarray(times, float)
+    design = ring_columns(sizes, p) / times[:, None]
+    alpha, beta = np.linalg.lstsq(design, np.ones_like(times), rcond=None)[0]
+    return float(alpha), float(beta)
+
+
+def test_a_relative_least_squares_fit_passes(capsys):
+    assert check("fit_alpha_beta", relative_fit, capsys)[0]
 
 
 def test_hint_solution_and_unknown_names(capsys):
@@ -154,4 +242,22 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
      "return (alpha, beta), in that order"),
     ("fit_alpha_beta", plain_line_fit, "t = 2(p-1) alpha + 2(p-1)/p n beta"),
     ("fit_alpha_beta", lambda s, t, p: (1.0, 1.0), "np.linalg.lstsq"),
+    # the second attempt's mistakes
+    ("ring_allreduce", lambda t: ring(t, split=lambda flat, p: flat.chunk(p)),
+     ("IndexError", "a tensor of 1 float32", "tensor_split(p) always gives p")),
+    ("ring_allreduce", whole_tensor_ring, ("sent and received", "not the whole tensor")),
+    ("ring_allreduce", uses_all_reduce, ("called dist.all_reduce", "point-to-point")),
+    ("ring_allreduce", lambda t: ring(t, detach=False),
+     ("that requires grad", "tensor.detach()")),
+    ("all_gather_p2p", lambda t: gather_ring(t, own=lambda x: x),
+     "your input tensor itself"),
+    ("all_gather_p2p", lambda t: gather_ring(t, own=lambda x: x.clone()),
+     ("autograd history", "tensor.detach().clone()")),
+    ("all_gather_p2p", lambda t: gather_ring(t, reuse_buffer=True),
+     ("two slots of the list are one buffer", "a buffer of its own")),
+    ("all_gather_p2p", uses_all_gather, "called dist.all_gather"),
+    ("fit_alpha_beta", unweighted_fit, ("a few percent of noise", "Divide each row")),
+    ("fit_alpha_beta", fitted_for_two_ranks, "use the p you are given"),
+    ("fit_alpha_beta", in_microseconds, "not microseconds"),
+    ("fit_alpha_beta", whole_lstsq_result, "np.linalg.lstsq's whole result"),
 ]
