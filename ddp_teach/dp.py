@@ -25,6 +25,18 @@ CPU, labelled "cpu:0", "cpu:1", "cpu:2" in messages. CUDA devices
 (`receive`) and thread set-up (`threads`, `running`), so that the same code
 runs in their virtual time. The cost the course measures is visible in
 `DataParallel.forward`: the module is replicated again on every call.
+
+Where the bytes go differs from torch's. `replicate` here copies each
+parameter from the first device to one device after another, and autograd
+brings each copy's gradient back the same way, so the first device's link
+carries the model 2 (n - 1) times per step (tests/sim/test_gpus.py checks
+it on simulated GPUs). torch's replicate makes all the copies with one
+autograd function, `Broadcast` (torch/nn/parallel/_functions.py), whose
+forward is `comm.broadcast_coalesced` and whose backward is
+`comm.reduce_add_coalesced` (torch/nn/parallel/comm.py): on GPUs, NCCL's
+broadcast and reduce, pipelined along a ring, so device 0's link carries
+the model once each way whatever n; without NCCL torch too copies to and
+adds from one device after another. Notebook 02, section 11, counts both.
 """
 import contextlib
 import threading
