@@ -1,10 +1,32 @@
 """Checker for notebook 06's ZeRO-3 exercise, on real ranks.
 
-`zero3_gather_forward`: the gather-and-free around one unit's forward. The
-module's parameters are on the meta device (names and shapes, no values, as
-FSDP builds big models), so the output can only be right if the shards were
-gathered; afterwards every tensor Python can still reach is inspected, so
-full parameters kept on the module or in a global are caught.
+`gathered_forward(module, shard, x)`: the gather-and-free around one unit's
+forward. What the reference, `ddp_teach.zero.gathered_forward`, guarantees,
+and how each property is checked (on 1, 2 and 3 ranks, each rank with an
+input of its own):
+
+- values: the output is the unsharded module's on this rank's input. The
+  module's parameters are on the meta device (names and shapes, no values,
+  as FSDP builds big models), so it can only be right if the shards were
+  gathered, in rank order, cut in `named_parameters()` order with the
+  padding at the end dropped, and viewed to each parameter's shape;
+- gradient flow: the output is differentiable with respect to `x`, and
+  backward gives `x` the unsharded module's input gradient (the next
+  unit's backward needs it);
+- nothing kept: after the call (under `torch.no_grad()`, as the memory
+  check needs) every tensor Python can still reach is inspected, so full
+  parameters kept on the module or in a global are caught, and the module
+  must still have its meta parameters;
+- sizes not divisible by the world size: the unit has 59 parameters,
+  padded to 60 on 2 and 3 ranks; on 1 rank the shard is everything.
+  Shards are equal by construction (the flat layout pads), so no rank's is
+  empty.
+
+A wrong answer is compared with the likely mistakes (the shard used as if
+it were everything, the chunks in the wrong order, the padding kept, the
+pieces not viewed to their shapes, parameters assigned to the meta module,
+the output computed on the meta module, the forward run under no_grad, the
+gathered parameters kept), so that the hint names it.
 """
 import copy
 import gc
@@ -17,12 +39,25 @@ from torch import nn
 from ddp_teach.exercises.harness import run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
-from ddp_teach.zero import flat_slice, shard_size, unflatten
+from ddp_teach.flat import flat_slice, shard_size, unflatten
+
+WORLD_SIZES = (1, 2, 3)
+NUMEL = 59
+META_HINT = ("the module's own parameters are on the meta device, shapes "
+             "without values, and loading values into them changes nothing: "
+             "run it with the gathered tensors instead, "
+             "torch.func.functional_call(module, params, (x,)).")
+GATHER_FIRST_HINT = ("the shard holds only 1/N of the unit's flat parameters: "
+                     "all-gather every rank's shard first.")
 
 
 def _unit():
     torch.manual_seed(0)  # 59 parameters: padded to 60 on 2 and 3 ranks
     return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 4))
+
+
+def _input(rank):
+    return torch.randn(3, 6, generator=torch.Generator().manual_seed(rank))
 
 
 def _reachable_storages() -> dict:
@@ -34,112 +69,195 @@ def _reachable_storages() -> dict:
             if issubclass(type(t), torch.Tensor) and t.device.type == "cpu"}
 
 
-def _gather_forward_on_ranks(rank, world_size, fn):
-    unit = _unit()
-    padded = shard_size(59, world_size) * world_size
-    flat = flat_slice(list(unit.parameters()), 0, padded)
-    shard = flat.chunk(world_size)[rank].clone()
-    module = copy.deepcopy(unit).to("meta")  # names and shapes, no values
-    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(rank))
-    gathers = []
+def _watch(record):
+    """Count the all-gathers and note the shapes given to functional_call;
+    returns a function that puts torch's own back."""
+    real = {name: getattr(dist, name) for name in
+            ("all_gather_single", "all_gather_into_tensor", "all_gather")}
+    real_call = torch.func.functional_call
 
     def counted(gather):
         def counting(*args, **kwargs):
-            gathers.append(gather.__name__)
+            record["gathered"] = True
             return gather(*args, **kwargs)
         return counting
 
-    for name in ("all_gather_single", "all_gather_into_tensor", "all_gather"):
-        setattr(dist, name, counted(getattr(dist, name)))
-    del unit, flat
-    before = _reachable_storages()
+    def functional_call(module, params, *args, **kwargs):
+        if isinstance(params, dict):
+            record["shapes"] = {n: tuple(getattr(t, "shape", ()))
+                                for n, t in params.items()}
+        return real_call(module, params, *args, **kwargs)
+
+    for name, gather in real.items():
+        setattr(dist, name, counted(gather))
+    torch.func.functional_call = functional_call
+
+    def restore():
+        for name, gather in real.items():
+            setattr(dist, name, gather)
+        torch.func.functional_call = real_call
+    return restore
+
+
+def _describe_output(output):
+    """What the checker can use of the output: a CPU tensor, or why not."""
+    if not isinstance(output, torch.Tensor):
+        return None, f"a {type(output).__name__}"
+    if output.device.type != "cpu":
+        return None, f"a tensor on the {output.device.type} device"
+    return output, None
+
+
+def _gather_forward_on_ranks(rank, world_size, fn):
+    unit = _unit()
+    padded = shard_size(NUMEL, world_size) * world_size
+    shard = flat_slice(list(unit.parameters()), 0, padded).chunk(world_size)[rank].clone()
+    module = copy.deepcopy(unit).to("meta")  # names and shapes, no values
+    del unit
+    record = {"gathered": False, "shapes": None}
+    restore = _watch(record)
     try:
+        before = _reachable_storages()
         with torch.no_grad():
-            output = fn(module, shard, x)
+            output = fn(module, shard, _input(rank))
+        output, unusable = _describe_output(output)
+        if unusable:
+            return dict(record, unusable=unusable)
+        kept = 0
+        for _ in range(20):  # gloo's thread may hold a finished call's output a moment
+            kept = sum(nbytes for address, nbytes in _reachable_storages().items()
+                       if address not in before
+                       and address != output.untyped_storage().data_ptr())
+            if not kept:
+                break
+            time.sleep(0.05)
+        x = _input(rank).requires_grad_()
+        with_grad = fn(module, shard, x)
+        differentiable = isinstance(with_grad, torch.Tensor) and with_grad.requires_grad
+        if differentiable:
+            with_grad.sum().backward()
     except NotImplementedError:
         return NOT_ATTEMPTED
     except Exception as err:  # shown with a hint (a rank failing alone times out)
-        return dict(error=f"{type(err).__name__}: {err}", gathered=bool(gathers))
-    output_storage = torch.as_tensor(output).untyped_storage().data_ptr()
-    for _ in range(20):  # gloo's thread may hold a finished call's output a moment
-        kept = sum(nbytes for address, nbytes in _reachable_storages().items()
-                   if address not in before and address != output_storage)
-        if not kept:
-            break
-        time.sleep(0.05)
-    return dict(output=torch.as_tensor(output).clone(), gathered=bool(gathers),
-                kept_bytes=kept, module_changed=any(
-                    p.device.type != "meta" for p in module.parameters()))
+        return dict(record, error=f"{type(err).__name__}: {err}")
+    finally:
+        restore()
+    return dict(record, output=output.detach().clone(), kept_bytes=kept,
+                module_changed=any(p.device.type != "meta" for p in module.parameters()),
+                differentiable=differentiable, x_grad=x.grad)
 
 
-def _expected_outputs(world_size, rank_order):
-    """Each rank's output when the full vector is assembled from the
-    chunks in `rank_order(rank)`."""
+def _expected(world_size, rank_order):
+    """Each rank's (output, input gradient) when the full vector is
+    assembled from the chunks in `rank_order(rank)`."""
     unit = _unit()
-    padded = shard_size(59, world_size) * world_size
+    padded = shard_size(NUMEL, world_size) * world_size
     chunks = flat_slice(list(unit.parameters()), 0, padded).chunk(world_size)
-    outputs = []
+    expected = []
     for rank in range(world_size):
         full = torch.cat([chunks[r] for r in rank_order(rank)])
         params = dict(zip([n for n, _ in unit.named_parameters()],
                           unflatten(full, [p.shape for p in unit.parameters()])))
-        x = torch.randn(3, 6, generator=torch.Generator().manual_seed(rank))
-        with torch.no_grad():
-            outputs.append(torch.func.functional_call(unit, params, (x,)))
-    return outputs
+        x = _input(rank).requires_grad_()
+        output = torch.func.functional_call(unit, params, (x,))
+        output.sum().backward()
+        expected.append((output.detach(), x.grad))
+    return expected
+
+
+def _error_hint(got) -> str:
+    """Why the learner's function raised after gathering."""
+    module_shapes = {n: tuple(p.shape) for n, p in _unit().named_parameters()}
+    shapes = got["shapes"]
+    if shapes is not None:
+        wrong = {n: s for n, s in shapes.items()
+                 if n in module_shapes and s != module_shapes[n]}
+        if wrong:
+            name, shape = next(iter(wrong.items()))
+            return (f"the tensor given for {name!r} has shape {shape}, the "
+                    f"module's is {module_shapes[name]}: view each piece to "
+                    f"its parameter's shape (piece.view(p.shape)).")
+    if "meta" in got["error"]:
+        return META_HINT
+    if "cannot assign" in got["error"]:
+        return ("the module's parameters cannot be replaced by assigning "
+                "tensors to them: pass the gathered ones to "
+                "torch.func.functional_call(module, params, (x,)), which "
+                "uses them for this call only.")
+    if "split" in got["error"]:
+        return ("the gathered vector is padded to a multiple of the world "
+                "size: use its first sum(p.numel()) elements, cut in "
+                "module.named_parameters() order.")
+    return ("all-gather into one tensor of N * len(shard) elements, cut its "
+            "first sum(p.numel()) elements into the parameters in "
+            "module.named_parameters() order, view each to its shape, and "
+            "run torch.func.functional_call(module, params, (x,)).")
+
+
+def _first_problem(got, want, own_first, world_size) -> str | None:
+    if "error" in got and not got["gathered"]:
+        return (f"your function raised {got['error']} before any all-gather."
+                f"\nHint: {GATHER_FIRST_HINT}")
+    if not got["gathered"]:
+        return f"no all-gather was called.\nHint: {GATHER_FIRST_HINT}"
+    if "error" in got:
+        return f"your function raised {got['error']}\nHint: {_error_hint(got)}"
+    if "unusable" in got:
+        meta = "meta" in got["unusable"]
+        return (f"the function returned {got['unusable']}, not the output."
+                f"\nHint: " + (META_HINT if meta
+                                else "return the module's output tensor."))
+    output, x_grad = want
+    if got["output"].shape != output.shape or not torch.allclose(
+            got["output"], output, atol=1e-6):
+        shown = (f"expected output {output.tolist()}, got "
+                 f"{got['output'].tolist()}.\nHint: ")
+        if torch.allclose(got["output"], own_first[0], atol=1e-6):
+            return shown + ("the chunks are out of order: rank r's shard is "
+                            "chunk r of the flat vector, whichever rank you are "
+                            "(all-gather puts them in rank order).")
+        return shown + ("cut the gathered vector into the parameters in "
+                        "module.named_parameters() order, view each to its "
+                        "shape, and run torch.func.functional_call(module, "
+                        "params, (x,)).")
+    full_bytes = 4 * shard_size(NUMEL, world_size) * world_size
+    if got["module_changed"] or got["kept_bytes"] >= full_bytes:
+        return (f"the output is right, but {got['kept_bytes']} bytes of "
+                f"gathered parameters were still held after it returned (the "
+                f"full unit is {full_bytes} bytes).\nHint: keep the full "
+                f"parameters in local variables only, not on the module or "
+                f"in a global: ZeRO-3 frees them after the forward, so only "
+                f"the shard stays.")
+    if not got["differentiable"]:
+        return ("the output is right, but it carries no gradient: backward "
+                "could not reach x, nor the layers before this unit.\nHint: "
+                "do not run the forward under torch.no_grad() (the caller "
+                "decides that); only the all-gather itself needs none.")
+    if got["x_grad"] is None or not torch.allclose(got["x_grad"], x_grad, atol=1e-6):
+        return ("the output is right, but backward gives x another gradient "
+                "than the unsharded module does.\nHint: compute the output "
+                "from x itself, with the gathered parameters, and nothing "
+                "detached in between.")
+    return None
 
 
 def check_gathered_forward(fn) -> Verdict:
-    for world_size in (2, 3):
+    for world_size in WORLD_SIZES:
         results, problem = run_learner_code(_gather_forward_on_ranks,
                                             world_size, fn, timeout=60.0)
         if problem:
             return problem
-        want = _expected_outputs(world_size, lambda rank: range(world_size))
-        own_first = _expected_outputs(world_size, lambda rank: [rank] + [
+        want = _expected(world_size, lambda rank: range(world_size))
+        own_first = _expected(world_size, lambda rank: [rank] + [
             r for r in range(world_size) if r != rank])
-        full_bytes = 4 * shard_size(59, world_size) * world_size
         for rank, got in enumerate(results):
-            where = f"on {world_size} ranks, rank {rank}: "
-            if "error" in got and not got["gathered"]:
-                return Verdict(WRONG, where + f"your function raised "
-                               f"{got['error']} before any all-gather.\nHint: "
-                               "the shard holds only 1/N of the unit's flat "
-                               "parameters: all-gather every rank's shard first.")
-            if not got["gathered"]:
-                return Verdict(WRONG, where + "no all-gather was called.\nHint: "
-                               "the shard holds only 1/N of the unit's flat "
-                               "parameters: all-gather every rank's shard first.")
-            if "error" in got:
-                return Verdict(WRONG, where + f"your function raised "
-                               f"{got['error']}\nHint: the gathered vector is "
-                               f"padded to a multiple of the world size: use "
-                               f"its first sum(p.numel()) elements, cut in "
-                               f"module.named_parameters() order.")
-            if got["output"].shape != want[rank].shape or not torch.allclose(
-                    got["output"], want[rank], atol=1e-6):
-                shown = (where + f"expected output {want[rank].tolist()}, got "
-                         f"{got['output'].tolist()}.\nHint: ")
-                if torch.allclose(got["output"], own_first[rank], atol=1e-6):
-                    return Verdict(WRONG, shown + "the chunks are out of order: "
-                                   "rank r's shard is chunk r of the flat "
-                                   "vector, whichever rank you are (all-gather "
-                                   "puts them in rank order).")
-                return Verdict(WRONG, shown + "cut the gathered vector into the "
-                               "parameters in module.named_parameters() order, "
-                               "view each to its shape, and run "
-                               "torch.func.functional_call(module, params, (x,)).")
-            if got["module_changed"] or got["kept_bytes"] >= full_bytes:
-                return Verdict(WRONG, where + f"the output is right, but "
-                               f"{got['kept_bytes']} bytes of gathered "
-                               f"parameters were still held after it returned "
-                               f"(the full unit is {full_bytes} bytes)."
-                               f"\nHint: keep the full parameters in local "
-                               f"variables only, not on the module or in a "
-                               f"global: ZeRO-3 frees them after the forward, "
-                               f"so only the shard stays.")
-    return Verdict(CORRECT, "the unsharded module's output on 2 and 3 ranks, "
-                            "and nothing gathered was kept afterwards.")
+            found = _first_problem(got, want[rank], own_first[rank], world_size)
+            if found:
+                return Verdict(WRONG, f"on {world_size} rank"
+                               f"{'s' * (world_size > 1)}, rank {rank}: {found}")
+    return Verdict(CORRECT, "the unsharded module's output and input gradient "
+                            "on 1, 2 and 3 ranks, and nothing gathered was kept "
+                            "afterwards.")
 
 
 register(Exercise(

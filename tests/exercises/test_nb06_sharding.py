@@ -1,10 +1,15 @@
-"""Notebook 06's planted mistakes (PLANTED, run by test_registry.py, which
-also checks every reference and stub): each must get the hint that fits."""
+"""Notebook 06's planted mistakes for the ZeRO-1 step (PLANTED, run by
+test_registry.py, which also checks every reference and stub): each must
+get the hint that fits. The last four are the second attempt's mistakes,
+one per property that the first list left unguarded."""
 import torch
 import torch.distributed as dist
 
 
-# ---- zero1_step: planted mistakes ---------------------------------------------
+def _my_slice(flat_grads, shard):
+    rank, size = dist.get_rank(), shard.numel()
+    return flat_grads[rank * size:(rank + 1) * size]
+
 
 def every_rank_takes_chunk_0(flat_params, flat_grads, shard, optimizer):
     shard.grad = flat_grads[:shard.numel()].clone()
@@ -15,7 +20,7 @@ def every_rank_takes_chunk_0(flat_params, flat_grads, shard, optimizer):
 
 def no_all_gather(flat_params, flat_grads, shard, optimizer):
     rank, size = dist.get_rank(), shard.numel()
-    shard.grad = flat_grads[rank * size:(rank + 1) * size].clone()
+    shard.grad = _my_slice(flat_grads, shard).clone()
     optimizer.step()
     with torch.no_grad():  # only this rank's own chunk is written back
         flat_params[rank * size:(rank + 1) * size] = shard
@@ -41,58 +46,49 @@ def whole_vector_optimizer(flat_params, flat_grads, shard, optimizer, _made={}):
 
 
 def divides_again(flat_params, flat_grads, shard, optimizer):
-    rank, world_size, size = dist.get_rank(), dist.get_world_size(), shard.numel()
-    shard.grad = flat_grads[rank * size:(rank + 1) * size] / world_size  # twice
+    shard.grad = _my_slice(flat_grads, shard) / dist.get_world_size()  # twice
     optimizer.step()
     with torch.no_grad():
         dist.all_gather_single(flat_params, shard.detach())
 
 
 def fresh_optimizer_each_step(flat_params, flat_grads, shard, optimizer):
-    rank, size = dist.get_rank(), shard.numel()
-    shard.grad = flat_grads[rank * size:(rank + 1) * size].clone()
+    shard.grad = _my_slice(flat_grads, shard).clone()
     type(optimizer)([shard], lr=0.1).step()  # its state is lost every step
     with torch.no_grad():
         dist.all_gather_single(flat_params, shard.detach())
 
 
-# ---- sharded_clip: planted mistakes -------------------------------------------
+# ---- the second attempt ---------------------------------------------------------
 
-def local_norm(shard_grad, max_norm):
-    norm = shard_grad.norm()  # this rank's shard only
-    shard_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
-    return norm
-
-
-def norms_added(shard_grad, max_norm):
-    norm = shard_grad.norm()
-    dist.all_reduce(norm)  # norms do not add
-    shard_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
-    return norm
+def divides_flat_grads_in_place(flat_params, flat_grads, shard, optimizer):
+    flat_grads /= dist.get_world_size()  # "averages" the caller's tensor again
+    shard.grad = _my_slice(flat_grads, shard).clone()
+    optimizer.step()
+    with torch.no_grad():
+        dist.all_gather_single(flat_params, shard.detach())
 
 
-def squares_averaged(shard_grad, max_norm):
-    total = shard_grad.square().sum()
-    dist.all_reduce(total, op=dist.ReduceOp.AVG)
-    norm = total.sqrt()
-    shard_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
-    return norm
+def rebinds_flat_params(flat_params, flat_grads, shard, optimizer):
+    shard.grad = _my_slice(flat_grads, shard).clone()
+    optimizer.step()
+    chunks = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+    dist.all_gather(chunks, shard.detach())
+    flat_params = torch.cat(chunks)  # a new tensor under the old name  # noqa: F841
 
 
-def scales_up_too(shard_grad, max_norm):
-    total = shard_grad.square().sum()
-    dist.all_reduce(total)
-    norm = total.sqrt()
-    shard_grad.mul_(max_norm / (norm + 1e-6))  # no clamp: small gradients grow
-    return norm
+def gathers_before_step(flat_params, flat_grads, shard, optimizer):
+    shard.grad = _my_slice(flat_grads, shard).clone()
+    with torch.no_grad():
+        dist.all_gather_single(flat_params, shard.detach())  # the old shards
+    optimizer.step()
 
 
-def not_in_place(shard_grad, max_norm):
-    total = shard_grad.square().sum()
-    dist.all_reduce(total)
-    norm = total.sqrt()
-    shard_grad = shard_grad * (max_norm / (norm + 1e-6)).clamp(max=1.0)  # a copy
-    return norm
+def grad_is_a_view(flat_params, flat_grads, shard, optimizer):
+    shard.grad = _my_slice(flat_grads, shard)  # no copy: shares flat_grads' memory
+    optimizer.step()
+    with torch.no_grad():
+        dist.all_gather_single(flat_params, shard.detach())
 
 
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
@@ -102,10 +98,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("zero1_step", whole_vector_optimizer, "holds no state for the shard"),
     ("zero1_step", divides_again, "world_size times too small"),
     ("zero1_step", fresh_optimizer_each_step, "step the optimizer you were given"),
-    ("sharded_clip", local_norm, "this rank's shard's norm"),
-    ("sharded_clip", norms_added, "norms do not add"),
-    ("sharded_clip", squares_averaged, "were averaged"),
-    ("sharded_clip", scales_up_too, "never above 1"),
-    ("sharded_clip", not_in_place, "not changed"),
+    ("zero1_step", divides_flat_grads_in_place, "flat_grads was changed in place"),
+    ("zero1_step", rebinds_flat_params, "`flat_params = ...` only rebinds"),
+    ("zero1_step", gathers_before_step, "BEFORE optimizer.step()"),
+    ("zero1_step", grad_is_a_view, "shard.grad is a view into flat_grads"),
 ]
-

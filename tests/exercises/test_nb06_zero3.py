@@ -1,17 +1,28 @@
 """Notebook 06's planted mistakes for its ZeRO-3 exercise (PLANTED, run by
 test_registry.py, which also checks every reference and stub): each must
-get the hint that fits."""
+get the hint that fits. The last four are the second attempt's mistakes:
+the forward under no_grad, the pieces not viewed to their shapes, the
+gathered tensors assigned to the meta module, and loaded into it."""
 import torch
 import torch.distributed as dist
 
+from ddp_teach.zero import gathered_forward
 
-# ---- zero3_gather_forward: planted mistakes -----------------------------------
+
+def _gathered(shard):
+    full = shard.new_empty(shard.numel() * dist.get_world_size())
+    dist.all_gather_single(full, shard)
+    return full
+
+
+def _pieces(module, flat):
+    sizes = [p.numel() for p in module.parameters()]
+    return flat[:sum(sizes)].split(sizes)
+
 
 def run_with(module, flat, x):
-    sizes = [p.numel() for p in module.parameters()]
-    pieces = flat[:sum(sizes)].split(sizes)
     params = {n: piece.view(p.shape) for (n, p), piece
-              in zip(module.named_parameters(), pieces)}
+              in zip(module.named_parameters(), _pieces(module, flat))}
     return torch.func.functional_call(module, params, (x,))
 
 
@@ -23,8 +34,7 @@ def shard_only(module, shard, x):
 
 
 def keeps_the_full_params(module, shard, x):
-    full = shard.new_empty(shard.numel() * dist.get_world_size())
-    dist.all_gather_single(full, shard)
+    full = _gathered(shard)
     module.gathered = full  # "cached" for next time: never freed
     return run_with(module, full, x)
 
@@ -38,12 +48,39 @@ def own_shard_first(module, shard, x):
 
 
 def padding_kept(module, shard, x):
-    full = shard.new_empty(shard.numel() * dist.get_world_size())
-    dist.all_gather_single(full, shard)
     sizes = [p.numel() for p in module.parameters()]
-    params = dict(zip([n for n, _ in module.named_parameters()],
-                      full.split(sizes)))  # 59 of 60 elements: raises
+    pieces = _gathered(shard).split(sizes)  # 59 of 60 elements: raises
+    params = {n: piece.view(p.shape) for (n, p), piece
+              in zip(module.named_parameters(), pieces)}
     return torch.func.functional_call(module, params, (x,))
+
+
+# ---- the second attempt ---------------------------------------------------------
+
+def under_no_grad(module, shard, x):
+    with torch.no_grad():  # "the gathered weights need no gradient"
+        return gathered_forward(module, shard, x)
+
+
+def pieces_not_viewed(module, shard, x):
+    params = dict(zip([n for n, _ in module.named_parameters()],
+                      _pieces(module, _gathered(shard))))  # flat pieces
+    return torch.func.functional_call(module, params, (x,))
+
+
+def assigned_to_the_module(module, shard, x):
+    for (name, p), piece in zip(list(module.named_parameters()),
+                                _pieces(module, _gathered(shard))):
+        owner, attribute = name.rsplit(".", 1)
+        setattr(module.get_submodule(owner), attribute, piece.view(p.shape))
+    return module(x)
+
+
+def loaded_into_the_meta_module(module, shard, x):
+    params = {n: piece.view(p.shape) for (n, p), piece
+              in zip(module.named_parameters(), _pieces(module, _gathered(shard)))}
+    module.load_state_dict(params)  # copies into meta tensors: nothing lands
+    return module(x)
 
 
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
@@ -51,4 +88,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("zero3_gather_forward", keeps_the_full_params, "still held after it returned"),
     ("zero3_gather_forward", own_shard_first, "the chunks are out of order"),
     ("zero3_gather_forward", padding_kept, "padded to a multiple of the world size"),
+    ("zero3_gather_forward", under_no_grad, "do not run the forward under torch.no_grad()"),
+    ("zero3_gather_forward", pieces_not_viewed, "view each piece to its parameter's shape"),
+    ("zero3_gather_forward", assigned_to_the_module, "cannot be replaced by assigning"),
+    ("zero3_gather_forward", loaded_into_the_meta_module, ("meta device", "loading values")),
 ]
