@@ -126,12 +126,19 @@ def check_scatter(fn) -> Verdict:
 
 
 def _scatter_hint(got, want, inputs, n) -> str:
+    if same(got, _split_in_place(inputs, n)):
+        return ("regroup the pieces: you returned one container holding each "
+                "element's pieces; scatter returns a list with one entry per "
+                "device, and entry d holds the d-th piece of every element.")
     if not isinstance(got, (list, tuple)):
         return "return a list with one entry per piece."
     if isinstance(inputs, torch.Tensor):
         sizes = [rows(p) for p in got]
         if None in sizes:
             return "each piece of a tensor is a tensor: the rows for that device."
+        if same(list(got), [p for p in (inputs[i::n] for i in range(n)) if len(p)]):
+            return ("piece i holds consecutive rows, a slice of the batch as "
+                    "tensor.chunk cuts it, not every n-th row (x[i::n]).")
         if sizes == [len(p) for p in inputs.tensor_split(n)] != [len(p) for p in want]:
             return ("torch splits with tensor.chunk: ceil(rows / n) rows per "
                     "piece (10 on 3 devices is 4, 4, 2; 9 on 4 is 3, 3, 3), "
@@ -159,6 +166,18 @@ def _scatter_hint(got, want, inputs, n) -> str:
             "tuple is a tuple of the elements' pieces i, a dict stays a "
             "dict with the same keys, and non-tensors (like 2.0 or 'tag') "
             "go to every device unchanged.")
+
+
+def _split_in_place(obj, n):
+    """Each tensor in obj replaced by the list of its chunks, containers
+    kept: a scatter that forgot to regroup the pieces by device."""
+    if isinstance(obj, torch.Tensor):
+        return list(obj.chunk(n))
+    if isinstance(obj, dict):
+        return type(obj)((k, _split_in_place(v, n)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_split_in_place(v, n) for v in obj)
+    return obj
 
 
 def _scatter_keeps_the_graph(fn) -> Verdict:
@@ -213,8 +232,15 @@ def check_gather(fn) -> Verdict:
         got, failed = run_here(lambda: fn(pieces, "cpu"), [
             ("stack expects", "torch.stack adds a dimension (and needs equal "
              "sizes); torch.cat(pieces, dim=0) joins the batch back."),
+            ("must match except in dimension 0", "torch.vstack (and "
+             "row_stack) turn each 1-D tensor into a row, adding a dimension: "
+             "join with torch.cat(pieces, dim=0)."),
             ("must match except in dimension", "join along dimension 0 (the "
              "batch): torch.cat(pieces, dim=0)."),
+            ("only one element tensors can be converted", "torch.tensor(...) "
+             "builds a new tensor from Python numbers: it cannot join "
+             "tensors, and would cut the graph. Join them with "
+             "torch.cat(pieces, dim=0)."),
             ("must match the size of tensor", "gather joins the rows of the "
              "pieces, it does not add them (adding is what the gradients' "
              "reduce does): torch.cat(pieces, dim=0).")])

@@ -36,7 +36,8 @@ def check_data_parallel(fn) -> Verdict:
        3 pieces, so 3 replicas);
     2. gradient: backward from the output puts the full batch's gradient
        into the module's own parameters' .grad;
-    3. parallel: the replicas run in threads of their own, all at once;
+    3. parallel: one replica per piece (not the original module, not one
+       replica twice), each in a thread of its own, all at once;
     4. fresh replicas: every call copies the module as it is at that call,
        so a change to its weights (an optimizer step) is seen next time;
     5. tuple inputs: a tuple of tensors is cut element by element and each
@@ -120,6 +121,18 @@ def _runs_in_parallel(fn) -> Verdict | None:
     out, failed = run_here(lambda: fn(probe, x, ["cpu"] * 3))
     if failed:
         return failed
+    if len(meeting.modules) == 1 and meeting.threads[0] is meeting.caller:
+        return Verdict(WRONG, "the module ran once, on the whole batch, in your "
+                       "thread.\nHint: DataParallel scatters the batch and runs "
+                       "a replica of the module on each piece, in parallel.")
+    if any(m is probe for m in meeting.modules):
+        return Verdict(WRONG, "the original module itself ran on the pieces, "
+                       "not its replicas: on GPUs its parameters live on "
+                       "devices[0] only.\nHint: run the replicas that "
+                       "replicate made, one per piece.")
+    if len({id(m) for m in meeting.modules}) < len(meeting.modules):
+        return Verdict(WRONG, "one replica ran on several pieces.\nHint: "
+                       "make one replica per piece and run each on its own.")
     return meeting.threads_verdict("run the replicas with parallel_apply: one "
                                    "thread each, all at once.")
 

@@ -164,13 +164,13 @@ def _gradients_reach_the_original(fn, module, replicas, x, before):
     if failed:
         return failed
     if not total.requires_grad:
-        return _cut(module.first.weight.grad)
+        return _cut(module.first.weight.grad, replicas)
     _, failed = run_here(total.backward)
     if failed:
         return Verdict(WRONG, f"backward through the replicas failed: {failed.message}")
     got = module.first.weight.grad
     if got is None or not got.any():
-        return _cut(got)
+        return _cut(got, replicas)
     if not torch.allclose(got, want, **TOLERANCE):
         return Verdict(WRONG, "backward through the 3 replicas did not put "
                        "the sum of their 3 gradients into the original's "
@@ -180,14 +180,20 @@ def _gradients_reach_the_original(fn, module, replicas, x, before):
     return None
 
 
-def _cut(grad) -> Verdict:
+def _cut(grad, replicas) -> Verdict:
+    weight = _tensor_at(replicas[0], "first.weight")
+    why = ("replica 0's first.weight is still an nn.Parameter of its own, a "
+           "leaf, as copy.deepcopy, load_state_dict and nn.Parameter(...) "
+           "leave it: replace the parameters in every submodule (walk "
+           "module.modules()), not only the top one" if isinstance(
+               weight, nn.Parameter) else
+           "replica 0's first.weight has no way back to the original: "
+           ".detach() and .data cut it")
     return Verdict(WRONG, "backward through the replicas did not reach the "
                    f"ORIGINAL module's .grad (it is {describe(grad)}).\nHint: "
-                   "copy.deepcopy, nn.Parameter(...), .detach() and .data all "
-                   "make new leaves, so the gradient stops at them. Give each "
-                   "replica param.clone() (a differentiable copy), as torch's "
-                   "Broadcast does, so that autograd sums every replica's "
-                   "gradient back into the original.")
+                   f"{why}. Give each replica param.clone() (a differentiable "
+                   "copy), as torch's Broadcast does, so that autograd sums "
+                   "every replica's gradient back into the original.")
 
 
 def _tied_stays_tied(fn, module, replicas, x, before):

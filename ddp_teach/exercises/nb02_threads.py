@@ -35,16 +35,18 @@ class Meeting:
         self.caller = threading.current_thread()
         self.lock = threading.Lock()
         self.threads = []  # kept alive, so that no thread's ident is reused
+        self.modules = []  # the modules that ran (replicas, or not)
         self.grad_modes = []
         self.inside = self.most_inside = 0
 
     def __deepcopy__(self, memo):
         return self
 
-    def attend(self, index: int) -> None:
+    def attend(self, index: int, module: nn.Module) -> None:
         """Replica `index` arrives: wait for the others, then finish in turn."""
         with self.lock:
             self.threads.append(threading.current_thread())
+            self.modules.append(module)
             self.grad_modes.append(torch.is_grad_enabled())
             self.inside += 1
             self.most_inside = max(self.most_inside, self.inside)
@@ -96,7 +98,7 @@ class Probe(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"forward(x, extra) got a {type(x).__name__} as x: "
                             f"a tuple input was not unpacked")
-        self.meeting.attend(int(x[0, 0]) // 10)
+        self.meeting.attend(int(x[0, 0]) // 10, self)
         if (x == -1).any():
             raise ValueError("this replica got a bad row")
         return x * self.scale + (0 if extra is None else extra)
@@ -160,6 +162,11 @@ def _outputs_verdict(got, want, extra) -> Verdict | None:
                        f"output at index i.")
     i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w))
     shown = f"output {i} should be {called}: {values(want[i])}; got {values(got[i])}."
+    if got[i] is None:
+        return Verdict(WRONG, f"{shown}\nHint: nothing was stored at index {i} "
+                       f"before your function returned. join() every thread "
+                       f"before reading the results, and store each output "
+                       f"yourself: a Thread throws its target's return value away.")
     if isinstance(got[i], BaseException):
         return Verdict(WRONG, f"{shown}\nHint: an exception caught in a thread "
                        f"must be raised in the caller after join(), not returned.")

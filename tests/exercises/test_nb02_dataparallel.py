@@ -46,6 +46,25 @@ def tuples_become_lists(inputs, devices):
     return [list(p) if isinstance(p, tuple) else p for p in dp.scatter(inputs, devices)]
 
 
+def every_nth_row(inputs, devices):
+    """Deals the rows out like cards: piece i is rows i, i + n, ..."""
+    n = len(devices)
+    if not isinstance(inputs, torch.Tensor):
+        return dp.scatter(inputs, devices)
+    return [p for p in (inputs[i::n] for i in range(n)) if len(p)]
+
+
+def not_regrouped(inputs, devices):
+    """Splits every tensor in place and returns the input's own structure."""
+    if isinstance(inputs, torch.Tensor):
+        return list(inputs.chunk(len(devices)))
+    if isinstance(inputs, dict):
+        return {k: not_regrouped(v, devices) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(not_regrouped(v, devices) for v in inputs)
+    return inputs
+
+
 def scatter_detached(inputs, devices):
     return dp.scatter(detached(inputs), devices)
 
@@ -63,6 +82,19 @@ def gather_adds(outputs, target):
     return sum(outputs)
 
 
+def gather_vstack(outputs, target):
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.vstack(outputs)
+    if isinstance(first, dict):
+        return {k: gather_vstack([o[k] for o in outputs], target) for k in first}
+    return type(first)(gather_vstack(list(column), target) for column in zip(*outputs))
+
+
+def gather_with_torch_tensor(outputs, target):
+    return torch.tensor(outputs)
+
+
 def gather_tuple_as_list(outputs, target):
     joined = dp.gather(outputs, target)
     return list(joined) if isinstance(joined, tuple) else joined
@@ -76,6 +108,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("dp_scatter", along_features, "split along dimension 0 (the batch)"),
     ("dp_scatter", tuples_become_lists, ("must be a tuple again", "got a list")),
     ("dp_scatter", scatter_detached, ("cut off from its autograd graph", ".detach()")),
+    ("dp_scatter", every_nth_row, "not every n-th row (x[i::n])"),
+    ("dp_scatter", not_regrouped, "regroup the pieces"),
     ("dp_gather", lambda outputs, target: torch.stack(outputs), "torch.stack adds a dimension"),
     ("dp_gather", lambda outputs, target: torch.cat(outputs[::-1]), "keep the devices' order"),
     ("dp_gather", lambda outputs, target: torch.cat(outputs) if isinstance(
@@ -85,6 +119,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("dp_gather", gather_along_features, "join along dimension 0 (the batch)"),
     ("dp_gather", gather_adds, "it does not add them"),
     ("dp_gather", gather_tuple_as_list, ("is a tuple too (got a list)", "type(first)")),
+    ("dp_gather", gather_vstack, "torch.vstack (and row_stack) turn each 1-D tensor into a row"),
+    ("dp_gather", gather_with_torch_tensor, "torch.tensor(...) builds a new tensor"),
 ]
 
 ODD_RETURNS = [None, 42, "text", [], [None], [torch.tensor(1.0)] * 3, (), {"a": 1},

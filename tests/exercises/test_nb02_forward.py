@@ -55,6 +55,17 @@ def replicas_kept(module, inputs, devices):
     return dp.gather(dp.parallel_apply(kept[len(used)], pieces, used), devices[0])
 
 
+def the_module_on_the_batch(module, inputs, devices):
+    return module(*inputs) if isinstance(inputs, tuple) else module(inputs)
+
+
+def the_original_in_every_thread(module, inputs, devices):
+    """Replicas forgotten: the original module runs on every piece."""
+    pieces = dp.scatter(inputs, devices)
+    used = devices[:len(pieces)]
+    return dp.gather(dp.parallel_apply([module] * len(used), pieces, used), devices[0])
+
+
 def pieces_wrapped_in_tuples(module, inputs, devices):
     pieces = dp.scatter(inputs, devices)
     used = devices[:len(pieces)]
@@ -73,4 +84,6 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
      ("ran in your calling thread", "run the replicas with parallel_apply")),
     ("data_parallel", replicas_kept, "replicate on every call"),
     ("data_parallel", pieces_wrapped_in_tuples, ("forward(x, w)", "scatter the whole tuple")),
+    ("data_parallel", the_module_on_the_batch, "the module ran once, on the whole batch"),
+    ("data_parallel", the_original_in_every_thread, "the original module itself ran"),
 ]

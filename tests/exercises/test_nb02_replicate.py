@@ -54,6 +54,27 @@ new_parameters = deepcopied_then(lambda p: nn.Parameter(p.clone()))
 new_parameters.__doc__ = "nn.Parameter(...) makes a new leaf: no gradient back."
 
 
+def loads_the_state(module, devices):
+    """Deep copies given the original's values with load_state_dict."""
+    replicas = [copy.deepcopy(module) for _ in devices]
+    for replica in replicas:
+        replica.load_state_dict(module.state_dict())
+    return replicas
+
+
+def top_module_only(module, devices):
+    """Replaces the top module's own parameters, not its submodules'."""
+    replicas = []
+    for _ in devices:
+        replica = copy.deepcopy(module)
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                del replica._parameters[name]
+                setattr(replica, name, p.clone())
+        replicas.append(replica)
+    return replicas
+
+
 def shallow_copies(module, devices):
     return [copy.copy(module) for _ in devices]
 
@@ -99,9 +120,12 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("dp_replicate", untied, "tied weight"),
     ("dp_replicate", shared_memo, "keep the memo of copies per replica"),
     ("dp_replicate", to_same_device, ("an alias, not a copy", "p.to(device) returns p itself")),
-    ("dp_replicate", new_parameters, ("nn.Parameter(...)", "new leaves")),
+    ("dp_replicate", new_parameters, ("nn.Parameter(...)", "still an nn.Parameter of its own")),
     ("dp_replicate", shallow_copies, "copy.copy copies only the outer module"),
     ("dp_replicate", edits_the_original, "never on the original's modules"),
     ("dp_replicate", clones_none, ("AttributeError", "keep None as it is")),
     ("dp_replicate", shared_buffers, "changed the original's"),
+    ("dp_replicate", loads_the_state, ("still an nn.Parameter of its own", "load_state_dict")),
+    ("dp_replicate", top_module_only, ("still an nn.Parameter of its own",
+                                       "in every submodule")),
 ]

@@ -66,6 +66,30 @@ def reversed_outputs(replicas, inputs, devices):
     return dp.parallel_apply(replicas, inputs, devices)[::-1]
 
 
+def never_joined(replicas, inputs, devices):
+    """Starts the threads and returns at once."""
+    results = [None] * len(replicas)
+
+    def work(i):
+        x = inputs[i]
+        results[i] = replicas[i](*x) if isinstance(x, tuple) else replicas[i](x)
+    for i in range(len(replicas)):
+        threading.Thread(target=work, args=(i,), daemon=True).start()
+    return results
+
+
+def replica_as_the_target(replicas, inputs, devices):
+    """Thread(target=replica): the thread throws the output away."""
+    results = [None] * len(replicas)
+    threads = [threading.Thread(target=r, args=x if isinstance(x, tuple) else (x,))
+               for r, x in zip(replicas, inputs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def pool_of_two(replicas, inputs, devices):
     with ThreadPoolExecutor(max_workers=2) as pool:
         return list(pool.map(lambda r, x: r(*x) if isinstance(x, tuple) else r(x),
@@ -86,6 +110,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("dp_parallel_apply", threaded(on_error="return"), "returned the exception"),
     ("dp_parallel_apply", threaded(on_error="raise bare"), "say which replica"),
     ("dp_parallel_apply", pool_of_two, ("at most 2 of 3", "fewer threads than replicas")),
+    ("dp_parallel_apply", never_joined, ("got None", "join() every thread")),
+    ("dp_parallel_apply", replica_as_the_target, "throws its target's return value away"),
 ]
 
 
