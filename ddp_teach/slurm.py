@@ -17,8 +17,11 @@ variables, so the job script renames them to torch's before Python starts
 (`torch_env` is the same mapping in Python): SLURM_PROCID -> RANK,
 SLURM_LOCALID -> LOCAL_RANK, SLURM_NTASKS -> WORLD_SIZE,
 SLURM_NTASKS_PER_NODE -> LOCAL_WORLD_SIZE, SLURM_NODEID -> GROUP_RANK, the
-first host of SLURM_JOB_NODELIST -> MASTER_ADDR. The same script then runs under both.
-What it gives up: torchrun's restarts.
+first host of SLURM_JOB_NODELIST -> MASTER_ADDR (SLURM sets
+SLURM_NTASKS_PER_NODE only when --ntasks-per-node is given, as here). The
+same script then runs under both. What it gives up: torchrun's restarts;
+`srun --kill-on-bad-exit=1` at least ends every task when one fails
+(without it, the default depends on the cluster's KillOnBadExit setting).
 
 `dry_run` runs the sbatch script with bash, with stand-ins for `scontrol`
 and `srun` on the PATH and the variables SLURM would set: it shows the
@@ -73,8 +76,10 @@ srun torchrun \\
              "Every task meets the others at the first node of the allocation.",
              """# srun starts {nproc} tasks per node; each gives SLURM's numbers torch's
 # names, then becomes the training script ("$@": arguments after the
-# script's name, passed on).
-srun bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \\
+# script's name, passed on). Nothing restarts a task that dies, and its
+# peers would fail in their next collective or wait in it until the
+# timeout: --kill-on-bad-exit=1 has SLURM end them all at once.
+srun --kill-on-bad-exit=1 bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \\
     WORLD_SIZE=$SLURM_NTASKS LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE \\
     GROUP_RANK=$SLURM_NODEID
 exec python {script} "$@"' bash

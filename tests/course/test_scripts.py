@@ -282,6 +282,7 @@ def test_srun_pattern_gives_slurms_numbers_torchs_names_and_runs_a_task_per_work
                                        launcher="srun"))
     text = job.read_text()
     assert "#SBATCH --ntasks-per-node=2" in text and "srun torchrun" not in text
+    assert "srun --kill-on-bad-exit=1 bash -c" in text  # one fails, all end
     subprocess.run(["bash", "-n", str(job)], check=True)  # valid bash
     tasks = slurm.dry_run(job, nodelist="gpu[07-08]")
     assert [(t.host, t.env["SLURM_PROCID"], t.env["SLURM_LOCALID"]) for t in tasks] \

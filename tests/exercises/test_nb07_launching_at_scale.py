@@ -1,8 +1,12 @@
-"""Notebook 07's planted mistakes (PLANTED, run by test_registry.py, which
-also checks every reference and stub). The torchrun checker really runs
-torchrun for the reference and for the mistake it exists for (LOCAL_RANK
-taken for the rank); its other verdicts are checked here on recorded runs,
-which is what the checker's harness produces."""
+"""Notebook 07's planted mistakes for the torchrun exercise (PLANTED, run
+by test_registry.py, which also checks every reference and stub). The
+checker really runs torchrun for the reference and for the two mistakes
+its layout exists for (LOCAL_RANK taken for the rank, a world size written
+into the code); its other verdicts are checked here on recorded runs,
+which is what the checker's harness produces. The second attempt's
+mistakes are the last three records: RANK left a string, the group
+destroyed before train, dist.get_world_size() called before the group
+exists."""
 import os
 
 import pytest
@@ -16,6 +20,15 @@ from ddp_teach.scripts import train
 def local_rank_main():
     rank = int(os.environ["LOCAL_RANK"])   # 0 on both nodes
     world_size = int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    params = train(rank, world_size)
+    dist.destroy_process_group()
+    return params
+
+
+def hard_coded_world_size():
+    rank = int(os.environ["RANK"])
+    world_size = 2  # what it was in the notebook
     dist.init_process_group("gloo")
     params = train(rank, world_size)
     dist.destroy_process_group()
@@ -49,6 +62,16 @@ RECORDED_MISTAKES = [  # (what the harness saw, the hint it must give)
     ([record(0, left_initialized=True), record(1)], "destroy_process_group"),
     ([record(0, result=None), record(1, result=None)],
      "return what train(rank, world_size) returned"),
+    # the second attempt
+    ([record(0, train=[("0", 2)], error="TypeError: manual_seed expected a "
+             "long, but got str"), record(1)], "os.environ holds strings"),
+    ([record(0, train=[(0, 2)], error="RuntimeError: train() was called "
+             "after destroy_process_group()"), record(1)],
+     "destroy it at the end"),
+    ([record(0, init=None, train=[], error="ValueError: Default process "
+             "group has not been initialized, please make sure to call "
+             "init_process_group."), record(1)],
+     "read RANK and WORLD_SIZE from os.environ"),
 ]
 
 
@@ -62,42 +85,9 @@ def test_a_correct_record_is_correct():
     assert judge([record(0), record(1)], EXPECTED).status == "correct"
 
 
-def state(model, optimizer, epoch):
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "epoch": epoch}
-
-
-def every_rank_writes(model, optimizer, epoch, path):
-    torch.save(state(model, optimizer, epoch), f"{path}.{dist.get_rank()}")
-    os.replace(f"{path}.{dist.get_rank()}", path)
-    dist.barrier()
-
-
-def no_barrier(model, optimizer, epoch, path):
-    if dist.get_rank() == 0:
-        torch.save(state(model, optimizer, epoch), f"{path}.tmp")
-        os.replace(f"{path}.tmp", path)
-
-
-def straight_into_place(model, optimizer, epoch, path):
-    if dist.get_rank() == 0:
-        torch.save(state(model, optimizer, epoch), path)
-    dist.barrier()
-
-
-def model_only(model, optimizer, epoch, path):
-    if dist.get_rank() == 0:
-        torch.save({"model": model.state_dict(), "epoch": epoch},
-                   f"{path}.tmp")
-        os.replace(f"{path}.tmp", path)
-    dist.barrier()
-
-
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("torchrun_script", local_rank_main,
      ("RANK=1, LOCAL_RANK=0", "my_main used rank 0", "LOCAL_RANK counts")),
-    ("checkpoint_save", every_rank_writes, "only rank 0 writes"),
-    ("checkpoint_save", no_barrier, "dist.barrier() after rank 0's save"),
-    ("checkpoint_save", straight_into_place, "os.replace(tmp, path)"),
-    ("checkpoint_save", model_only, "the optimizer's momentum is state too"),
+    ("torchrun_script", hard_coded_world_size,
+     ("my_main used world size 2", "right for one job size only")),
 ]
