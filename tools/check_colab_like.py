@@ -17,6 +17,7 @@ pip from PyPI: a few GB for torch's CUDA libraries. Not part of `make test`.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,15 @@ NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=False,
                resources={"metadata": {"path": sys.argv[2]}}).execute()
 nbformat.write(nb, path)
 """
+
+
+def failure_report(stderr: str) -> str:
+    """The failing cell and its error from nbclient's report, without the
+    terminal colours."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", stderr)
+    start = plain.find("An error occurred while executing the following cell")
+    report = plain[start:] if start >= 0 else plain
+    return report[:1500] + ("\n...\n" + report[-2500:] if len(report) > 4000 else report[1500:])
 
 
 def versions(python: Path, names) -> dict:
@@ -93,7 +103,7 @@ def main(argv=None) -> int:
                                  env=env, cwd=folder, capture_output=True, text=True)
             print(f"{name}: {'ok' if run.returncode == 0 else 'FAILED'}")
             if run.returncode:
-                print(run.stderr[-4000:])
+                print(failure_report(run.stderr))
                 failed.append(name)
     after = versions(python, watched)
     changed = {name: (before[name], after[name]) for name in watched
