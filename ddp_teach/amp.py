@@ -9,7 +9,10 @@ into fp16's range; dividing the gradients by S before the optimizer step
 undoes it. S is chosen dynamically: start high (65536), halve it and skip the
 step whenever a gradient overflowed to inf/NaN, and double it after a long run
 (2000 steps) without overflow. `LossScaler` does this with the methods and
-defaults of `torch.amp.GradScaler`, so the two are interchangeable in a loop:
+defaults of `torch.amp.GradScaler`, so the two are interchangeable in a loop
+(GradScaler keeps the scale and the inf flag as tensors on the device and
+reads the flag with `.item()` in `step()`, one wait for a GPU per step unless
+the optimizer is fused; here the scale is a Python float, as suits a CPU):
 
     scaler.scale(loss).backward()   # DDP averages the scaled gradients
     scaler.unscale_(optimizer)      # back to true size: clip after this
@@ -20,13 +23,16 @@ defaults of `torch.amp.GradScaler`, so the two are interchangeable in a loop:
 With data parallelism every rank sees the same averaged gradients, so every
 rank finds the same inf and skips the same step: the replicas stay equal.
 
-16-bit gradient communication (torch's `fp16_allreduce_hook`, described in
-the DDP communication hooks docs): cast each bucket to fp16 or bf16 before the
-all-reduce and back afterwards, halving the bytes sent. Each rank divides by
-the world size *before* the cast, because the sum of N fp16 values can
-overflow where their average does not. (Ours are not named like torch's
-`bf16_compress_hook`: torch's DDP refuses any hook of that name when torch
-was built without CUDA and NCCL, though gloo all-reduces bf16 on CPU well.) The hooks follow torch's comm-hook
+16-bit gradient communication (torch's `fp16_compress_hook` and
+`bf16_compress_hook`, torch/distributed/algorithms/ddp_comm_hooks/
+default_hooks.py): cast each bucket to fp16 or bf16 before the all-reduce and
+back afterwards, halving the bytes sent. Each rank divides its 16-bit copy
+by the world size *before* the all-reduce, because the sum of N fp16 values
+can overflow where their average does not (torch's hooks do the same: cast,
+divide, all-reduce; a gradient already past 65504 is inf in fp16 either way). (Ours are not named like torch's:
+torch's DDP refuses any hook named `bf16_compress_hook` unless torch has CUDA
+(or ROCm) and NCCL, or Intel's XPU and XCCL, though gloo all-reduces bf16 on
+CPU well.) The hooks follow torch's comm-hook
 contract, `hook(process_group, bucket) -> Future[Tensor]`, so the same
 function works with torch's DDP (`register_comm_hook`) and the course's
 (`dt.ddp.DistributedDataParallel.register_comm_hook`).

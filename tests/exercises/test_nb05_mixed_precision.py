@@ -97,9 +97,9 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
      "restart the count of clean steps at 0 whenever"),
     ("loss_scale_update", grows_one_step_late, "should have grown"),
     ("loss_scale_update", count_not_restarted_after_growth,
-     "after growing, restart the count"),
+     "goes back to 0 after a growth"),
     ("loss_scale_update", returns_only_the_scale,
-     "must return (new_scale, new_growth_tracker)"),
+     "return the pair (new_scale, new_growth_tracker)"),
     ("compression_hook", sums_without_dividing, "that is the sum"),
     ("compression_hook", divides_after_the_sum, "Divide by the world size BEFORE"),
     ("compression_hook", sends_fp32, "nothing 16-bit crossed the wire"),
@@ -107,4 +107,112 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("compression_hook", forgets_the_buffer, "in torch's DDP the gradients were off"),
     ("compression_hook", copies_before_the_all_reduce_finished,
      "read before the all-reduce finished"),
+]
+
+
+# the second attempt's mistakes
+def factors_swapped(scale, tracker, found_inf, growth, backoff, interval):
+    return next_scale(scale, tracker, found_inf, backoff, growth, interval)
+
+
+def no_fp32_limit(scale, tracker, found_inf, growth, backoff, interval):
+    if found_inf:
+        return scale * backoff, 0
+    if tracker + 1 == interval:
+        return scale * growth, 0
+    return scale, tracker + 1
+
+
+def count_kept_after_growth(scale, tracker, found_inf, growth, backoff, interval):
+    """The same scales as GradScaler's, but the count is not GradScaler's."""
+    if found_inf:
+        return scale * backoff, 0
+    count = tracker + 1
+    if count % interval == 0:
+        return scale * growth, count
+    return scale, count
+
+
+_OWN_COUNT = [0]
+
+
+def counts_for_itself(scale, tracker, found_inf, growth, backoff, interval):
+    """Ignores growth_tracker and keeps a count of its own."""
+    if found_inf:
+        _OWN_COUNT[0] = 0
+        return scale * backoff, 0
+    _OWN_COUNT[0] += 1
+    if _OWN_COUNT[0] == interval:
+        _OWN_COUNT[0] = 0
+        return scale * growth, 0
+    return scale, _OWN_COUNT[0]
+
+
+def waits_for_the_work(process_group, bucket):
+    buffer = bucket.buffer()
+    compressed = buffer.half().div_(dist.get_world_size())
+    work = dist.all_reduce(compressed, async_op=True)
+    work.wait()
+    buffer.copy_(compressed)
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+def waits_on_the_future(process_group, bucket):
+    buffer = bucket.buffer()
+    compressed = buffer.half().div_(dist.get_world_size())
+    future = dist.all_reduce(compressed, async_op=True).get_future()
+    buffer.copy_(future.wait()[0])
+    done = torch.futures.Future()
+    done.set_result(buffer)
+    return done
+
+
+def blocking_all_reduce(process_group, bucket):
+    buffer = bucket.buffer()
+    compressed = buffer.half().div_(dist.get_world_size())
+    dist.all_reduce(compressed)
+    buffer.copy_(compressed)
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+def ignores_the_group(process_group, bucket):
+    """Right on the default group; on DDP's sub-group, it all-reduces over
+    every rank."""
+    return _future_of(bucket.buffer(),
+                      bucket.buffer().half().div_(dist.get_world_size()),
+                      lambda t: t)
+
+
+def divides_by_every_rank(process_group, bucket):
+    """Reduces over DDP's group, but divides by the whole job's size."""
+    group = process_group or dist.group.WORLD
+    buffer = bucket.buffer()
+    compressed = buffer.half().div_(dist.get_world_size())
+    work = dist.all_reduce(compressed, group=group, async_op=True)
+
+    def done(future):
+        buffer.copy_(future.value()[0])
+        return buffer
+    return work.get_future().then(done)
+
+
+PLANTED += [
+    ("loss_scale_update", factors_swapped, "are swapped"),
+    ("loss_scale_update", no_fp32_limit, ("passed fp32's largest number", "not applied")),
+    ("loss_scale_update", count_kept_after_growth, "the scale is right but the count"),
+    ("loss_scale_update", counts_for_itself, ("called twice with the same arguments",
+                                              "keep no count of your own")),
+    ("compression_hook", waits_for_the_work, ("waited for its own all-reduce",
+                                              "work.wait()")),
+    ("compression_hook", waits_on_the_future, ("waited for its own all-reduce",
+                                               "wait() on the future")),
+    ("compression_hook", blocking_all_reduce, ("waited for its own all-reduce",
+                                               "a blocking all-reduce")),
+    ("compression_hook", ignores_the_group, ("passes that group", "group=process_group")),
+    ("compression_hook", divides_by_every_rank, ("ranks 0 and 1 of 3",
+                                                 "dist.get_world_size(process_group)")),
 ]
