@@ -6,16 +6,44 @@ such functions (and the globals and closure variables they use) by value.
 When something they use cannot be pickled (a lock, an open file, a CUDA
 stream, a generator), plain pickle's message does not say which object is to
 blame; `dumps_call` finds it and names it.
+
+A function travels with the name of the file its code came from (for a
+notebook, the cell's name in linecache), which is how a worker's traceback
+shows the learner's lines. cloudpickle 3.1.3 writes "<dynamic-code>" there
+instead, to make its output the same wherever a function was defined
+(cloudpickle's `_code_reduce`); `dumps_call` puts the real name back.
 """
+import collections
+import io
 import types
 
 import cloudpickle
+
+_DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's stand-in for every file name
+
+
+def _code_keeping_its_file_name(code: types.CodeType):
+    """cloudpickle's reduction of a code object, with its file name."""
+    rebuild, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    if _DYNAMIC_CODE in args and code.co_filename != _DYNAMIC_CODE:
+        where = args.index(_DYNAMIC_CODE)
+        args = (*args[:where], code.co_filename, *args[where + 1:])
+    return rebuild, args
+
+
+class _FileNamesKept(cloudpickle.Pickler):
+    dispatch_table = collections.ChainMap(
+        {types.CodeType: _code_keeping_its_file_name},
+        cloudpickle.Pickler.dispatch_table)
 
 
 def dumps_call(fn, args: tuple, kwargs: dict) -> bytes:
     """cloudpickle (fn, args, kwargs), or a TypeError naming the culprit."""
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        with io.BytesIO() as buffer:
+            _FileNamesKept(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(
+                (fn, args, kwargs))
+            return buffer.getvalue()
     except Exception as exc:
         culprit = _find_unpicklable(fn, args, kwargs) or "the function itself"
         raise TypeError(
