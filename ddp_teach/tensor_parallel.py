@@ -39,10 +39,17 @@ def shard(tensor, dim: int, rank: int, world_size: int):
 def column_parallel_forward(x, weight_shard, bias_shard):
     """y = x W^T + b with W split by rows (output features) across ranks:
     this rank's slice of the outputs, then an all-gather, the slices placed
-    in rank order along the last (feature) dimension."""
+    in rank order along the last (feature) dimension (notebook 08's
+    exercise). `dist.all_gather` fills its list outside autograd, so this
+    rank's own slot gets `local` itself: backward through the output then
+    gives `weight_shard` and `bias_shard` the gradient of their own output
+    features, Megatron's gather whose backward keeps this rank's part (the
+    ranks compute one loss from one output; x's gradient would need the f
+    operator below)."""
     local = F.linear(x, weight_shard, bias_shard)
     slices = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(slices, local.contiguous())
+    dist.all_gather(slices, local.detach().contiguous())
+    slices[dist.get_rank()] = local  # this rank's slice stays in the graph
     return torch.cat(slices, dim=-1)
 
 

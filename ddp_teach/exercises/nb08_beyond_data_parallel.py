@@ -1,14 +1,32 @@
-"""Checkers for notebook 08's exercises: a parameter server, a split layer.
+"""Checker for notebook 08's parameter-server exercise (the column-parallel
+layer is checked in nb08_tensor_parallel.py).
 
-The server's update rule is first driven push by push here in the kernel, on
-a real `ParameterServer` without RPC, so that a wrong answer can be pinned to
-the push where it went wrong and compared with each typical mistake (a step
-on every push, the sum instead of the average, an accumulator or a count
-never reset); a rule that passes then trains over RPC on 3 ranks against
-full-batch SGD. The column-parallel layer runs on 2 and 3 ranks against
-`nn.Linear`; wrong outputs are compared with what concatenating along the
-batch, forgetting the bias, all-reducing instead of all-gathering, or
-mixing up the order of the slices would give.
+`my_server_update(server, grads)`: the synchronous update rule of a
+parameter server (Li et al., OSDI 2014). What the reference,
+`ddp_teach.paramserver.sync_update`, guarantees, and how each property is
+checked. The rule is first driven push by push here in the kernel, on a
+real `ParameterServer` without RPC, with 3 workers and then with 1, two
+rounds each, so that a wrong answer is pinned to the push where it went
+wrong:
+
+- no step before every worker has pushed: after each earlier push the
+  parameters are unchanged and the rule returns False;
+- the step is the average: after the last push the parameters are those
+  of the server's optimizer stepped with the mean of the round's
+  gradients, and the rule returns True;
+- the server's optimizer takes the step: here it is SGD with momentum,
+  whose state carries from round to round, so an update written by hand
+  goes wrong in round 2;
+- each round starts afresh: the accumulator and the count are reset, so
+  round 2 steps with round 2's gradients, after its own last push;
+- one worker: every push is the last of its round.
+
+A rule that passes then trains over RPC on 3 ranks (a server and 2
+workers) against full-batch SGD: it must keep no state of its own between
+calls. Wrong answers are compared with each typical mistake (a step on
+every push, the sum instead of the average, an accumulator or a count
+never reset, the accumulator rebound instead of added to, a step one push
+late, a hand-written update), so that the hint names it.
 """
 import torch
 import torch.nn as nn
@@ -18,9 +36,8 @@ from ddp_teach.exercises.harness import run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
 
-WORKERS, ROUNDS, LR = 3, 2, 0.1
+WORKER_COUNTS, ROUNDS, LR, MOMENTUM = (3, 1), 2, 0.1, 0.9
 E2E_STEPS = 3
-BATCH, IN, OUT = 3, 5, 6  # OUT splits into 2 and into 3 slices
 
 
 def _model():
@@ -41,34 +58,89 @@ def _close(a, b):
     return all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a, b))
 
 
-def _sgd(params, grads, scale=1.0):
-    return [p - LR * scale * g for p, g in zip(params, grads)]
+def _optimizer(params):
+    return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
+
+
+def _replay(round_grads, momentum=True):
+    """The parameters after stepping with each gradient list in turn, with
+    the server's optimizer (or plain SGD, as a hand-written update)."""
+    params = [p.detach().clone().requires_grad_() for p in _model().parameters()]
+    optimizer = (_optimizer if momentum else
+                 lambda ps: torch.optim.SGD(ps, lr=LR))(params)
+    for grads in round_grads:
+        for param, grad in zip(params, grads):
+            param.grad = grad.clone()
+        optimizer.step()
+    return [p.detach() for p in params]
 
 
 def _total(grads_list):
     return [sum(parts) for parts in zip(*grads_list)]
 
 
-def check_server_update(fn) -> Verdict:
+def _mean(grads_list):
+    return [total / len(grads_list) for total in _total(grads_list)]
+
+
+def _wrong_step_hint(seen, round_, workers, before, now, server) -> str:
+    """Why the parameters after a round's last push are wrong."""
+    done = [_mean(r) for r in seen[:round_]]
+    if _close(now, _replay(done + [_total(seen[round_])])):
+        return ("you stepped with the SUM of the workers' gradients; divide by "
+                "server.num_workers (DDP averages too).")
+    if round_ and _close(now, _replay(done + [[t / workers for t in _total(
+            seen[0] + seen[round_])]])):
+        return "round 1's gradients were still in the accumulator: zero server.pending after the step."
+    if round_ and _close(now, _replay([_mean(r) for r in seen[:round_ + 1]],
+                                      momentum=False)):
+        return ("the parameters moved as plain SGD moves them, without the "
+                "momentum of server.optimizer: put the average into each "
+                "parameter's .grad and call server.optimizer.step(), which "
+                "keeps the optimizer's state from round to round.")
+    if _close(now, before):
+        if server.pushes == workers:
+            return ("after the last push (server.pushes == num_workers) the "
+                    "rule did not step: it waits for one push too many. "
+                    "Compare the count with num_workers after counting this "
+                    "push.")
+        if round_ and server.pushes > workers:
+            return ("round 2 never stepped: the count went on from round 1. "
+                    "Set server.pushes back to 0 after the step.")
+        if all(not t.any() for t in server.pending):
+            return ("server.pending is still zero after the pushes: "
+                    "`total = total + grad` only rebinds a loop variable. Add "
+                    "in place (total += grad, or total.add_(grad)).")
+        return ("nothing changed: put the average into each parameter's "
+                ".grad, then call server.optimizer.step().")
+    return ("add each push into server.pending; after the last one set "
+            "param.grad = pending / num_workers and call "
+            "server.optimizer.step().")
+
+
+def _drive(fn, workers) -> Verdict | None:
+    """Push by push, ROUNDS rounds of `workers` pushes; a Verdict at the
+    first push that goes wrong, else None."""
     from ddp_teach.paramserver import ParameterServer
-    server = ParameterServer(_model(), WORKERS, LR, update=fn)
+    server = ParameterServer(_model(), workers, LR, update=fn)
+    server.optimizer = _optimizer(server.params)  # momentum: state across rounds
     seen = []  # every round's pushed gradients, for the mistakes' answers
     for round_ in range(ROUNDS):
-        round_grads = [_grads(w, round_) for w in range(WORKERS)]
+        round_grads = [_grads(w, round_) for w in range(workers)]
         seen.append(round_grads)
         before = _params(server)
         for w, grads in enumerate(round_grads):
+            where = (f"{workers} worker{'s' * (workers > 1)}, round "
+                     f"{round_ + 1}, after push {w + 1} of {workers}: ")
             try:
                 stepped = fn(server, [g.clone() for g in grads])
             except NotImplementedError:
                 return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
             except Exception as exc:
-                return Verdict(WRONG, f"push {w + 1} of round {round_ + 1} "
-                               f"raised {type(exc).__name__}: {exc}")
+                return Verdict(WRONG, where + f"your function raised "
+                               f"{type(exc).__name__}: {exc}")
             now = _params(server)
-            where = (f"round {round_ + 1}, after push {w + 1} of "
-                     f"{WORKERS}: ")
-            if w < WORKERS - 1:
+            if w < workers - 1:
                 if not _close(now, before) or stepped:
                     return Verdict(WRONG, where + "the server already stepped."
                                    "\nHint: a synchronous server waits until "
@@ -77,35 +149,26 @@ def check_server_update(fn) -> Verdict:
                                    "then, only add to server.pending and "
                                    "return False.")
                 continue
-            total = _total(round_grads)
-            if _close(now, _sgd(before, total, 1 / WORKERS)):
-                if not stepped:
+            if _close(now, _replay([_mean(r) for r in seen])):
+                if stepped is not True:
                     return Verdict(WRONG, where + "the parameters are right, "
-                                   "but the function did not return True.\n"
-                                   "Hint: return True when you stepped: the "
-                                   "server then answers the waiting workers.")
+                                   f"but the function returned {stepped!r}, "
+                                   "not True.\nHint: return True when you "
+                                   "stepped: the server then answers the "
+                                   "waiting workers.")
                 continue
-            shown = where + "the parameters are not those of SGD with the " \
-                "average of this round's gradients.\nHint: "
-            if _close(now, _sgd(before, total)):
-                return Verdict(WRONG, shown + "you stepped with the SUM of the "
-                               "workers' gradients; divide by "
-                               "server.num_workers (DDP averages too).")
-            if round_ and _close(now, _sgd(before, _total(
-                    seen[0] + round_grads), 1 / WORKERS)):
-                return Verdict(WRONG, shown + "round 1's gradients were "
-                               "still in the accumulator: zero server.pending "
-                               "after the step.")
-            if round_ and _close(now, before):
-                return Verdict(WRONG, shown + "round 2 never stepped: set "
-                               "server.pushes back to 0 after the step.")
-            if _close(now, before):
-                return Verdict(WRONG, shown + "nothing changed: put the "
-                               "average into each parameter's .grad, then "
-                               "call server.optimizer.step().")
-            return Verdict(WRONG, shown + "add each push into server.pending; "
-                           "after the last one set param.grad = pending / "
-                           "num_workers and call server.optimizer.step().")
+            return Verdict(WRONG, where + "the parameters are not those of "
+                           "the server's optimizer stepped with the average "
+                           "of this round's gradients.\nHint: " + _wrong_step_hint(
+                               seen, round_, workers, before, now, server))
+    return None
+
+
+def check_server_update(fn) -> Verdict:
+    for workers in WORKER_COUNTS:
+        found = _drive(fn, workers)
+        if found:
+            return found
     return _check_over_rpc(fn)
 
 
@@ -144,85 +207,10 @@ def _check_over_rpc(fn) -> Verdict:
                        f"{E2E_STEPS} steps differ from full-batch SGD.\nHint: "
                        "use only the `server` argument's fields; keep no "
                        "state of your own between calls.")
-    return Verdict(CORRECT, f"{ROUNDS} rounds of {WORKERS} pushes step by "
-                   f"step, then {E2E_STEPS} steps over RPC on a server with 2 "
-                   "workers: equal to SGD on the full batch.")
-
-
-# ---- column-parallel linear ------------------------------------------------
-
-def _linear():
-    torch.manual_seed(1)
-    layer = nn.Linear(IN, OUT)
-    x = torch.randn(BATCH, IN, generator=torch.Generator().manual_seed(2))
-    return layer, x
-
-
-def _column_on_ranks(rank, world_size, fn):
-    from ddp_teach.tensor_parallel import shard
-    layer, x = _linear()
-    w = shard(layer.weight.detach(), 0, rank, world_size)
-    b = shard(layer.bias.detach(), 0, rank, world_size)
-    try:
-        out = fn(x.clone(), w, b)
-    except NotImplementedError:
-        return NOT_ATTEMPTED
-    return out.detach() if isinstance(out, torch.Tensor) else out
-
-
-def _column_hint(got, world_size) -> str | None:
-    layer, x = _linear()
-    with torch.no_grad():
-        want = layer(x)
-        no_bias = F.linear(x, layer.weight)
-    slices = want.chunk(world_size, dim=-1)
-    if not isinstance(got, torch.Tensor):
-        return (f"the function returned a {type(got).__name__}; return the "
-                "output tensor.")
-    if got.shape == want.shape and torch.allclose(got, want, atol=1e-5):
-        return None
-    if got.shape == (world_size * BATCH, OUT // world_size) and torch.allclose(
-            got, torch.cat(slices, dim=0), atol=1e-5):
-        return ("you concatenated along dim 0, the batch: the slices are "
-                "output FEATURES, so concatenate along the last dim "
-                "(torch.cat(slices, dim=-1)).")
-    if got.shape == slices[0].shape:
-        if torch.allclose(got, sum(slices), atol=1e-5):
-            return ("all_reduce ADDED the slices, but they are different "
-                    "output features, not partial sums: all_gather them "
-                    "into a list and concatenate along the last dim.")
-        if any(torch.allclose(got, s, atol=1e-5) for s in slices):
-            return ("that is only this rank's slice of the outputs: "
-                    "all_gather every rank's slice and concatenate them.")
-    if got.shape == want.shape:
-        if torch.allclose(got, no_bias, atol=1e-5):
-            return ("the bias is missing: pass bias_shard to F.linear (each "
-                    "rank adds the bias of its own output features).")
-        if torch.allclose(got.sort(-1).values, want.sort(-1).values,
-                          atol=1e-5):
-            return ("the right numbers in the wrong order: all_gather fills "
-                    "the list in rank order; concatenate it as it is.")
-    return ("compute local = F.linear(x, weight_shard, bias_shard), "
-            "all_gather it from every rank, and torch.cat the list along "
-            "the last dim.")
-
-
-def check_column_parallel(fn) -> Verdict:
-    for world_size in (2, 3):
-        results, problem = run_learner_code(_column_on_ranks, world_size, fn)
-        if problem:
-            return problem
-        for rank, got in enumerate(results):
-            hint = _column_hint(got, world_size)
-            if hint:
-                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else "-"
-                return Verdict(WRONG, f"on {world_size} ranks, rank {rank}: "
-                               f"expected the output of nn.Linear({IN}, {OUT})"
-                               f" on a batch of {BATCH}, shape "
-                               f"({BATCH}, {OUT}); got shape {shape}.\n"
-                               f"Hint: {hint}")
-    return Verdict(CORRECT, f"equal to nn.Linear({IN}, {OUT}) on 2 and 3 "
-                            "ranks, on every rank.")
+    return Verdict(CORRECT, f"{ROUNDS} rounds push by push with 3 workers and "
+                   f"with 1, against SGD with momentum on the average, then "
+                   f"{E2E_STEPS} steps over RPC on a server with 2 workers: "
+                   "equal to SGD on the full batch.")
 
 
 register(Exercise(
@@ -233,13 +221,3 @@ register(Exercise(
      "After the last push: param.grad = pending / server.num_workers for "
      "each parameter, then server.optimizer.step().",
      "Then zero server.pending, set server.pushes = 0 and return True."]))
-register(Exercise(
-    "column_parallel_linear", "A column-parallel linear layer",
-    "my_column_parallel_forward",
-    "ddp_teach.tensor_parallel:column_parallel_forward", check_column_parallel,
-    ["Each rank computes its slice of the outputs with no communication: "
-     "F.linear(x, weight_shard, bias_shard).",
-     "dist.all_gather(list_of_empty_like, local) collects every rank's "
-     "slice, in rank order.",
-     "torch.cat(the_list, dim=-1): the slices are output features, side "
-     "by side."]))

@@ -1,8 +1,10 @@
-"""Notebook 08's planted mistakes (PLANTED, run by test_registry.py, which
-also checks every reference and stub): each must get the hint that fits."""
+"""Notebook 08's planted mistakes for the parameter server's update rule
+(PLANTED, run by test_registry.py, which also checks every reference and
+stub): each must get the hint that fits. The last three are the second
+attempt's mistakes: the accumulator rebound instead of added to, a step
+one push late, and an update written by hand instead of the server's
+optimizer."""
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 from ddp_teach.paramserver import sync_update
 
@@ -60,33 +62,41 @@ def returns_nothing(server, grads):
     sync_update(server, grads)
 
 
-def local_slice_only(x, weight_shard, bias_shard):
-    return F.linear(x, weight_shard, bias_shard)
+# ---- the second attempt ---------------------------------------------------------
+
+def rebinds_the_accumulator(server, grads):
+    for total, grad in zip(server.pending, grads):
+        total = total + grad  # a new tensor under the loop's name  # noqa: F841
+    server.pushes += 1
+    if server.pushes < server.num_workers:
+        return False
+    _step(server, 1 / server.num_workers)
+    server.pushes = 0
+    return True
 
 
-def _gathered(local):
-    slices = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(slices, local)
-    return slices
+def steps_one_push_late(server, grads):
+    _accumulate(server, grads)
+    if server.pushes <= server.num_workers:  # waits for one push too many
+        return False
+    _step(server, 1 / server.num_workers)
+    for total in server.pending:
+        total.zero_()
+    server.pushes = 0
+    return True
 
 
-def wrong_dim(x, weight_shard, bias_shard):
-    return torch.cat(_gathered(F.linear(x, weight_shard, bias_shard)), dim=0)
-
-
-def no_bias(x, weight_shard, bias_shard):
-    return torch.cat(_gathered(F.linear(x, weight_shard)), dim=-1)
-
-
-def all_reduce_instead(x, weight_shard, bias_shard):
-    local = F.linear(x, weight_shard, bias_shard)
-    dist.all_reduce(local)
-    return local
-
-
-def reversed_order(x, weight_shard, bias_shard):
-    slices = _gathered(F.linear(x, weight_shard, bias_shard))
-    return torch.cat(slices[::-1], dim=-1)
+def updates_by_hand(server, grads):
+    _accumulate(server, grads)
+    if server.pushes < server.num_workers:
+        return False
+    lr = server.optimizer.param_groups[0]["lr"]
+    with torch.no_grad():  # plain SGD, whatever the server's optimizer is
+        for param, total in zip(server.params, server.pending):
+            param -= lr * total / server.num_workers
+            total.zero_()
+    server.pushes = 0
+    return True
 
 
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
@@ -94,11 +104,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("param_server_update", sums, "SUM of the workers' gradients"),
     ("param_server_update", keeps_accumulator, "zero server.pending"),
     ("param_server_update", keeps_count, "server.pushes back to 0"),
-    ("param_server_update", returns_nothing, "did not return True"),
-    ("column_parallel_linear", wrong_dim, "along dim 0"),
-    ("column_parallel_linear", no_bias, "bias is missing"),
-    ("column_parallel_linear", all_reduce_instead, "all_reduce ADDED"),
-    ("column_parallel_linear", local_slice_only, "only this rank's slice"),
-    ("column_parallel_linear", reversed_order, "wrong order"),
+    ("param_server_update", returns_nothing, "returned None, not True"),
+    ("param_server_update", rebinds_the_accumulator, "only rebinds a loop variable"),
+    ("param_server_update", steps_one_push_late, "one push too many"),
+    ("param_server_update", updates_by_hand, "without the momentum"),
 ]
-
