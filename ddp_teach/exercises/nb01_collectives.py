@@ -243,12 +243,9 @@ def _communication_problem(timeline, cases, world_size, traffic) -> str | None:
 
 
 def _bytes_moved(events) -> int:
-    """Bytes sent and received in point-to-point calls. The trace records
-    each work of a batch_isend_irecv with the whole batch's bytes, so a
-    batch counts once (its works share the call's start time)."""
-    batches = {(e.start, e.nbytes) for e in events if e.name == "batch_isend_irecv"}
-    return sum(nbytes for _, nbytes in batches) + sum(
-        e.nbytes for e in events if e.name in P2P_CALLS - {"batch_isend_irecv"})
+    """Bytes sent and received in point-to-point calls (the trace gives each
+    op of a batch_isend_irecv its own bytes)."""
+    return sum(e.nbytes for e in events if e.name in P2P_CALLS)
 
 
 def ring_traffic(numel: int, elem_bytes: int, p: int) -> int:

@@ -117,7 +117,9 @@ class Recorder:
         ready_at = start + self.least_time(nbytes)
         works = result if isinstance(result, list) else [result]
         if result is not None and all(hasattr(w, "get_future") for w in works):
-            proxies = [self._track(w, label, start, ready_at, nbytes) for w in works]
+            proxies = [self._track(w, label, start, ready_at, size)
+                       for w, size in zip(works, _bytes_per_work(name, args, kwargs,
+                                                                  works, nbytes))]
             return proxies if isinstance(result, list) else proxies[0]
         end = time.perf_counter()
         if end < ready_at:
@@ -197,6 +199,16 @@ class _SlowWork:
 
     def __getattr__(self, name):
         return getattr(self._work, name)
+
+
+def _bytes_per_work(name, args, kwargs, works, nbytes) -> list[int]:
+    """The bytes each work of one call moves. `batch_isend_irecv` returns a
+    work per P2POp on gloo (one for the whole batch where nccl coalesces
+    them): each op's work gets that op's bytes, so a batch counts once."""
+    ops = args[0] if args else kwargs.get("p2p_op_list", ())
+    if name == "batch_isend_irecv" and len(works) > 1 and len(ops) == len(works):
+        return [_tensor_bytes([op]) for op in ops]
+    return [nbytes] * len(works)
 
 
 def _tensor_bytes(values) -> int:

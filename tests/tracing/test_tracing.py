@@ -63,6 +63,9 @@ def test_every_collective_sync_and_async_is_recorded_on_every_rank():
         assert len(reduces) == 2 and all(e.nbytes == 1024 for e in reduces)
         assert all(e.end >= e.start for e in events)
         assert [e.name for e in events if e.kind == COMPUTE] == ["my compute"]
+        # a batch of two 1 KiB ops: a work each, with its own op's bytes
+        batch = [e.nbytes for e in comm if e.name == "batch_isend_irecv"]
+        assert batch == [1024, 1024], batch
     # all_gather_object runs all_gather inside: recorded once, as itself
     assert sum(e.name == "all_gather" for e in timeline.for_rank(0).events) == 1
 
