@@ -9,8 +9,13 @@ the Python it was found in (`sys.executable`) and the command that fixes it;
 one newer than the newest known good one is a warning, once, with the same
 details.
 
-What changed between the oldest supported torch and 2.13, from torch's own
-source and pull requests, and what this module does about it:
+The oldest known good torch is 2.8: under 2.6 and 2.7 the unit tests showed
+gloo's `destroy_process_group` hanging now and then (about one run in
+fifteen at four ranks), no FSDP2 (`fully_shard`) on the CPU, no Meta kernels
+for c10d's collectives to be had, no `init_sync` for DDP, and no libuv
+TCPStore serving on a socket it is handed (pytorch/pytorch#150215, in 2.8).
+What changed between 2.8 and 2.13, from torch's own source and pull
+requests, and what this module does about it:
 
 - torch 2.13 renamed the single-tensor collectives: `all_gather_into_tensor`
   became `all_gather_single` and `reduce_scatter_tensor` became
@@ -25,12 +30,11 @@ source and pull requests, and what this module does about it:
   turn off the copy of rank 0's buffers at every forward; only at
   construction do they differ (`broadcast_buffers=False` also skips the
   first copy). `DDP_BUFFER_SYNC_ARGUMENT` is the name this torch takes.
-- torch 2.8 let the libuv TCPStore serve on a socket the caller opened
-  (`master_listen_fd`, pytorch/pytorch#150215); before, only the older
-  store could. `TCPSTORE_LIBUV_TAKES_LISTEN_FD` says which one to ask for.
-- torch 2.8 added the flight recorder's JSON dump for every backend
-  (`torch._C._distributed_c10d._dump_fr_trace_json`, found in 2.8's
-  libtorch_python and not in 2.7's); `FLIGHT_RECORDER_DUMPS_GLOO` says so.
+- torch 2.11 gave c10d's collectives kernels for meta tensors at `import
+  torch` (torch/distributed/_meta_registrations.py); from 2.8 to 2.10 the
+  same registrations run when torch.distributed._tools.fake_collectives is
+  imported, which `install_shims` does there, so that `dt.sim.one_rank`
+  can run a step on meta tensors over the fake process group.
 
 This file runs before anything else of the package, so it must stay
 importable on the oldest Pythons a learner may start it with.
@@ -43,7 +47,7 @@ import warnings
 
 PYTHON_OLDEST = (3, 11)  # known good, inclusive
 PYTHON_NEWEST = (3, 13)
-TORCH_OLDEST = (2, 6)
+TORCH_OLDEST = (2, 8)
 TORCH_NEWEST = (2, 14)
 # set once the untested-version warning was shown, so that the processes a
 # session starts (the fork server, torchrun's workers) do not repeat it
@@ -147,8 +151,7 @@ import torch  # noqa: E402  (only once the check has passed)
 import torch.distributed as dist  # noqa: E402
 
 TORCH = version_tuple(torch.__version__)
-TCPSTORE_LIBUV_TAKES_LISTEN_FD = TORCH >= (2, 8)
-FLIGHT_RECORDER_DUMPS_GLOO = TORCH >= (2, 8)
+COLLECTIVES_HAVE_META_KERNELS = TORCH >= (2, 11)
 DDP_BUFFER_SYNC_ARGUMENT = ("forward_sync_buffers" if TORCH >= (2, 13)
                             else "broadcast_buffers")
 # torch 2.13's name -> the name older releases have (see the docstring)
@@ -166,6 +169,8 @@ def install_shims(modules=None) -> list:
     if modules is None:
         if not dist.is_available():
             return []
+        if not COLLECTIVES_HAVE_META_KERNELS:
+            import torch.distributed._tools.fake_collectives  # noqa: F401
         import torch.distributed.distributed_c10d as c10d
         modules = (c10d, dist)
     added = []

@@ -16,10 +16,11 @@ import torch.distributed as dist
 
 import ddp_teach as dt
 from ddp_teach import compat
-from ddp_teach.launcher import forkserver, torchrun_loopback
+from ddp_teach.launcher import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = f'{sys.executable} -m pip install "{compat.torch_requirement()}"'
+OLDEST = "{}.{}".format(*compat.TORCH_OLDEST)
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def test_too_old_torch_names_the_version_the_python_and_the_fix(monkeypatch):
     with pytest.raises(ImportError) as error:
         compat.check_versions()
     message = str(error.value)
-    assert "torch 2.6 or newer" in message and "torch 2.4.1+cu121" in message
+    assert f"torch {OLDEST} or newer" in message and "torch 2.4.1+cu121" in message
     assert sys.executable in message and FIX in message
     assert "%pip install" in message and "restart" in message
 
@@ -111,7 +112,7 @@ def test_importing_the_package_with_too_old_a_torch_fails_with_the_message():
               "    print(e)\nelse:\n    print('imported')\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, text=True,
                           capture_output=True, timeout=120)
-    assert "needs torch 2.6 or newer" in done.stdout, done.stdout + done.stderr
+    assert f"needs torch {OLDEST} or newer" in done.stdout, done.stdout + done.stderr
     assert "torch 2.2.2" in done.stdout
 
 
@@ -124,7 +125,7 @@ def old_names_only(rank, world_size):
 
     def recorded(function):
         def call(*args):
-            calls.append((function.__name__, len(args)))
+            calls.append((function.__name__, args[2:]))
             return function(*args)
         return call
     old = types.SimpleNamespace(
@@ -136,22 +137,33 @@ def old_names_only(rank, world_size):
     scattered = torch.zeros(2)
     work = old.reduce_scatter_single(
         scattered, torch.arange(2.0 * world_size) * (rank + 1),
-        op=dist.ReduceOp.MAX, group=dist.group.WORLD, async_op=True)
+        op=dist.ReduceOp.SUM, group=dist.group.WORLD, async_op=True)
     work.wait()
+    # an op other than the default reaches the old function too (gloo's
+    # reduce_scatter_tensor sums whatever op torch 2.8 gives it, so only
+    # the call is checked)
+    old.reduce_scatter_single(torch.zeros(2), torch.ones(2 * world_size),
+                              dist.ReduceOp.MAX)
+    delegated = calls == [
+        ("all_gather_into_tensor", (None, False)),
+        ("reduce_scatter_tensor", (dist.ReduceOp.SUM, dist.group.WORLD, True)),
+        ("reduce_scatter_tensor", (dist.ReduceOp.MAX, None, False))]
     signature = inspect.signature(old.reduce_scatter_single)
-    return (added, gathered.tolist(), scattered.tolist(), calls,
+    return (added, gathered.tolist(), scattered.tolist(), delegated,
             list(signature.parameters) == list(
                 inspect.signature(dist.reduce_scatter_tensor).parameters))
 
 
 def test_the_shims_delegate_every_argument_to_the_older_names():
     results = dt.run(old_names_only, 2, backend="gloo", timeout=60)
-    for rank, (added, gathered, scattered, calls, same_signature) in enumerate(results):
+    for rank, (added, gathered, scattered, delegated, same_signature) in enumerate(
+            results):
         assert added == ["all_gather_single", "reduce_scatter_single"]
         assert gathered == [1.0, 1.0, 2.0, 2.0]  # rank order
-        # MAX over ranks of arange(4) * (rank + 1): rank 1's, chunk `rank`
-        assert scattered == [2.0 * (2 * rank), 2.0 * (2 * rank + 1)]
-        assert calls == [("all_gather_into_tensor", 4), ("reduce_scatter_tensor", 5)]
+        # the sum over ranks of arange(4) * (rank + 1) is 3 * arange(4):
+        # rank r gets chunk r
+        assert scattered == [3.0 * (2 * rank), 3.0 * (2 * rank + 1)]
+        assert delegated, "every argument, in order, to the old function"
         assert same_signature
 
 
@@ -190,12 +202,6 @@ def test_the_buffer_sync_argument_is_the_one_this_torch_takes(sync, seen):
     results = dt.run(buffer_counts, 2, args=(sync,), backend="gloo", timeout=60)
     assert [count for count, _ in results] == seen
     assert all(not warned for _, warned in results), "no deprecation warning"
-
-
-def test_the_torchrun_runner_agrees_with_compat_on_the_store():
-    # torchrun_loopback is run by path and cannot import compat: same answer
-    assert (torchrun_loopback.LIBUV_STORE_TAKES_LISTEN_FD
-            == compat.TCPSTORE_LIBUV_TAKES_LISTEN_FD)
 
 
 def test_dt_run_on_native_windows_says_to_use_wsl2(monkeypatch):
@@ -258,3 +264,17 @@ def test_every_module_imports_without_the_posix_calls_windows_lacks():
     done = subprocess.run([sys.executable, "-c", WINDOWS_SIMULATION], cwd=ROOT,
                           text=True, capture_output=True, timeout=240)
     assert done.stdout.strip() == "all imported", done.stdout + done.stderr
+
+
+def test_gloo_connection_notices_stay_out_of_the_cell_but_in_the_log(tmp_path):
+    import io
+    from ddp_teach.launcher.output import OutputRouter
+    shown = io.StringIO()
+    router = OutputRouter(2, str(tmp_path), shown, io.StringIO())
+    notice = ("[Gloo] Rank 1 is connected to 1 peer ranks. "
+              "Expected number of connected peer ranks is : 1")
+    router.feed(1, "out", f"{notice}\nhello\n[Gloo] Rank 1 says hi\n".encode())
+    router.close(1, "out")
+    router.finish()
+    assert shown.getvalue() == "[rank 1] hello\n[rank 1] [Gloo] Rank 1 says hi\n"
+    assert (tmp_path / "rank1.log").read_text().startswith(notice + "\nhello\n")

@@ -154,16 +154,13 @@ def _job(call, world_size, backend, port, timeout, env, debug, run_dir, trace,
 
 def kernel_store(timeout):
     """The rendezvous store, served by the kernel on a socket bound to
-    127.0.0.1 (TCPStore alone would listen on every interface). Before torch
-    2.8 only the older, non-libuv store could serve on a given socket."""
+    127.0.0.1 (TCPStore alone would listen on every interface)."""
     import torch.distributed as dist
-    from ddp_teach.compat import TCPSTORE_LIBUV_TAKES_LISTEN_FD
     listener = socket.create_server(("127.0.0.1", 0), backlog=MAX_WORLD_SIZE)
     port = listener.getsockname()[1]
     store = dist.TCPStore("127.0.0.1", port, is_master=True,
                           wait_for_workers=False, master_listen_fd=listener.detach(),
-                          timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN_S),
-                          use_libuv=TCPSTORE_LIBUV_TAKES_LISTEN_FD)
+                          timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN_S))
     return store, port
 
 

@@ -6,16 +6,25 @@ anything); the kernel reads those pipes and prints each finished line as
 The whole output of each rank is also kept in a log file, so that a learner
 who prints megabytes loses nothing even though the cell shows only the first
 `cell_limit` bytes (a browser tab stalls on more).
+
+torch 2.8 to 2.10 print "[Gloo] Rank r is connected to n peer ranks.
+Expected number of connected peer ranks is : n" on stdout each time a gloo
+group connects (every run, and every `new_group`); other releases print
+nothing there. The cell leaves that line out, as it says nothing the learner
+asked for; the log file keeps it, with everything else as it came.
 """
 import codecs
 import collections
 import os
+import re
 
 from ddp_teach.launcher.rundirs import create_private_file
 
 CELL_LIMIT_BYTES = 1_000_000
 STDERR_TAIL_LINES = 15    # kept per rank for the error of a rank that died
 STDERR_TAIL_LINE_CHARS = 500
+GLOO_CONNECTED = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+                            r"Expected number of connected peer ranks is : \d+")
 
 
 class OutputRouter:
@@ -44,7 +53,7 @@ class OutputRouter:
         text = self._partial[rank, stream] + self._decoders[rank, stream].decode(chunk)
         *lines, self._partial[rank, stream] = text.split("\n")
         self._keep_tail(rank, stream, lines)
-        self._show(rank, stream, self._without_progress(rank, stream, lines))
+        self._show(rank, stream, self._to_print(rank, stream, lines))
 
     def close(self, rank: int, stream: str) -> None:
         """The stream ended: print its unfinished last line, if any."""
@@ -53,7 +62,7 @@ class OutputRouter:
         self._partial[rank, stream] = ""
         if tail:
             self._keep_tail(rank, stream, [tail])
-            self._show(rank, stream, self._without_progress(rank, stream, [tail]))
+            self._show(rank, stream, self._to_print(rank, stream, [tail]))
 
     def last_stderr(self, rank: int) -> str:
         """The last lines a rank wrote to stderr (cell limit or not): a rank
@@ -71,9 +80,11 @@ class OutputRouter:
             self._stderr_tails[rank].extend(
                 line[:STDERR_TAIL_LINE_CHARS] for line in lines)
 
-    def _without_progress(self, rank: int, stream: str, lines: list[str]) -> list[str]:
-        """The lines to print, once the progress reports among them are
-        drawn (the log file keeps everything as it came)."""
+    def _to_print(self, rank: int, stream: str, lines: list[str]) -> list[str]:
+        """The lines to print: not gloo's connection notices, and not the
+        progress reports, which are drawn (the log file keeps everything as
+        it came)."""
+        lines = [line for line in lines if not GLOO_CONNECTED.fullmatch(line)]
         if stream != "out" or self._progress is None:
             return lines
         kept = (self._progress.take(rank, line) for line in lines)

@@ -26,7 +26,6 @@ Run by path, not with `-m`, so that starting it does not import the whole
 """
 import ctypes
 import os
-import re
 import signal
 import socket
 import sys
@@ -36,16 +35,9 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(
         os.path.abspath(__file__)):
     del sys.path[0]  # our modules must not shadow top-level ones
 
-import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.elastic.rendezvous import (  # noqa: E402
     c10d_rendezvous_backend, dynamic_rendezvous, static_tcp_rendezvous)
-
-# torch 2.8 is the first whose libuv store can serve on a socket it is handed
-# (pytorch/pytorch#150215), as ddp_teach.compat also knows; that module is not
-# imported here, as importing it imports the whole package.
-LIBUV_STORE_TAKES_LISTEN_FD = tuple(
-    int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 8)
 
 
 class LoopbackTCPStore(dist.TCPStore):
@@ -64,8 +56,6 @@ class LoopbackTCPStore(dist.TCPStore):
                                    f"{exc}") from exc
             port = listener.getsockname()[1]
             master_listen_fd = listener.detach()
-        if not LIBUV_STORE_TAKES_LISTEN_FD:
-            use_libuv = False  # the older store serves on a given socket
         super().__init__(host_name, port, world_size, is_master, timeout,
                          wait_for_workers, multi_tenant, master_listen_fd,
                          use_libuv)
