@@ -9,12 +9,18 @@ the Python it was found in (`sys.executable`) and the command that fixes it;
 one newer than the newest known good one is a warning, once, with the same
 details.
 
-The oldest known good torch is 2.8: under 2.6 and 2.7 the unit tests showed
-gloo's `destroy_process_group` hanging now and then (about one run in
-fifteen at four ranks), no FSDP2 (`fully_shard`) on the CPU, no Meta kernels
-for c10d's collectives to be had, no `init_sync` for DDP, and no libuv
-TCPStore serving on a socket it is handed (pytorch/pytorch#150215, in 2.8).
-What changed between 2.8 and 2.13, from torch's own source and pull
+The oldest known good torch is 2.9, found by running the unit tests under
+older ones. Under 2.8, gloo's `reduce_scatter_tensor` sums whatever op it is
+given (MAX and PRODUCT came back as sums), and torch's own FSDP2 on the CPU
+trained to parameters up to 0.08 away from those of 2.9 and 2.13 (five steps
+of tests/course/test_fsdp_precision.py), which equal the course's FSDP to
+the bit. Under 2.6, gloo's `destroy_process_group` hung now and then (about
+one run in fifteen at four ranks), FSDP2 failed on the CPU, c10d's
+collectives had no Meta kernels and DDP no `init_sync`; the libuv TCPStore
+that `dt.run` uses serves on a socket it is handed only from 2.8
+(pytorch/pytorch#150215). 2.7 was not run.
+
+What changed between 2.9 and 2.13, from torch's own source and pull
 requests, and what this module does about it:
 
 - torch 2.13 renamed the single-tensor collectives: `all_gather_into_tensor`
@@ -23,18 +29,19 @@ requests, and what this module does about it:
   collective ops to _single naming scheme"); the old names stay as
   deprecated aliases. The course calls the new names; on an older torch
   `install_shims` gives `torch.distributed` the new names, each calling the
-  old function with the same arguments (the old names date from torch 1.13,
-  pytorch/pytorch#85686).
+  old function with the same arguments (the old names date from torch 1.13:
+  pytorch/pytorch#85686 for the all-gather).
 - torch 2.13 added DistributedDataParallel's `forward_sync_buffers` and
   deprecated `broadcast_buffers` (torch/nn/parallel/distributed.py). Both
   turn off the copy of rank 0's buffers at every forward; only at
   construction do they differ (`broadcast_buffers=False` also skips the
   first copy). `DDP_BUFFER_SYNC_ARGUMENT` is the name this torch takes.
 - torch 2.11 gave c10d's collectives kernels for meta tensors at `import
-  torch` (torch/distributed/_meta_registrations.py); from 2.8 to 2.10 the
+  torch` (torch/distributed/_meta_registrations.py); in 2.9 and 2.10 the
   same registrations run when torch.distributed._tools.fake_collectives is
-  imported, which `install_shims` does there, so that `dt.sim.one_rank`
-  can run a step on meta tensors over the fake process group.
+  imported, which takes a second, so `register_meta_collectives` does it
+  only for what needs it (`dt.sim.one_rank`: a step on meta tensors over
+  the fake process group).
 
 This file runs before anything else of the package, so it must stay
 importable on the oldest Pythons a learner may start it with.
@@ -47,7 +54,7 @@ import warnings
 
 PYTHON_OLDEST = (3, 11)  # known good, inclusive
 PYTHON_NEWEST = (3, 13)
-TORCH_OLDEST = (2, 8)
+TORCH_OLDEST = (2, 9)
 TORCH_NEWEST = (2, 14)
 # set once the untested-version warning was shown, so that the processes a
 # session starts (the fork server, torchrun's workers) do not repeat it
@@ -169,8 +176,6 @@ def install_shims(modules=None) -> list:
     if modules is None:
         if not dist.is_available():
             return []
-        if not COLLECTIVES_HAVE_META_KERNELS:
-            import torch.distributed._tools.fake_collectives  # noqa: F401
         import torch.distributed.distributed_c10d as c10d
         modules = (c10d, dist)
     added = []
@@ -181,6 +186,13 @@ def install_shims(modules=None) -> list:
                 setattr(module, new, shim)
             added.append(new)
     return added
+
+
+def register_meta_collectives() -> None:
+    """Let c10d's collectives run on meta tensors (already so from torch
+    2.11; see the module's docstring)."""
+    if not COLLECTIVES_HAVE_META_KERNELS:
+        import torch.distributed._tools.fake_collectives  # noqa: F401
 
 
 def _all_gather_single_shim(all_gather_into_tensor):

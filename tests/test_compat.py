@@ -278,3 +278,30 @@ def test_gloo_connection_notices_stay_out_of_the_cell_but_in_the_log(tmp_path):
     router.finish()
     assert shown.getvalue() == "[rank 1] hello\n[rank 1] [Gloo] Rank 1 says hi\n"
     assert (tmp_path / "rank1.log").read_text().startswith(notice + "\nhello\n")
+
+
+def test_make_test_versions_checks_the_ends_of_the_known_good_range():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "check_other_versions", ROOT / "tools" / "check_other_versions.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    torches = {compat.version_tuple(env.split(":")[1]) for env in tool.DEFAULT_ENVS}
+    assert torches == {compat.TORCH_OLDEST, compat.TORCH_NEWEST}
+    pythons = {compat.version_tuple(env.split(":")[0]) for env in tool.DEFAULT_ENVS}
+    assert compat.PYTHON_OLDEST in pythons
+
+
+def test_collectives_run_on_meta_tensors_over_the_fake_group_once_registered():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    compat.register_meta_collectives()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        shard, full = torch.empty(3, device="meta"), torch.empty(12, device="meta")
+        dist.broadcast(full, src=0)
+        dist.all_reduce(full)
+        dist.all_gather_single(full, shard)
+        dist.reduce_scatter_single(shard, full)
+    finally:
+        dist.destroy_process_group()
+    assert full.shape == (12,) and shard.is_meta
