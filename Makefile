@@ -24,7 +24,8 @@ export IPYTHONDIR := $(CURDIR)/.jupyter/ipython
 export MPLCONFIGDIR := $(CURDIR)/.jupyter/matplotlib
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup lab kernel browser test test-gpu test-isa test-colab bench html clean
+.PHONY: setup lab kernel browser test test-gpu test-isa test-versions test-colab \
+	bench html clean
 
 setup: $(STAMP) | .jupyter
 
@@ -103,6 +104,12 @@ test-isa: setup
 	done
 	echo "== ATEN_CPU_CAPABILITY=default"
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q $(NUMERICAL_TESTS)
+
+# The unit tests under the oldest and newest torch and Python the course
+# calls known good (ddp_teach/compat.py), in environments built once under
+# ~/.cache/ddp_teach/versions (a few GB each from PyPI).
+test-versions: setup
+	$(BIN)/python tools/check_other_versions.py
 
 # The notebooks' install cell, then notebooks 00 and 01, in an environment
 # with Colab's kernel-side versions (built once under ~/.cache/ddp_teach; a

@@ -53,3 +53,11 @@ def test_makefile_installs_the_constrained_torch_with_the_constraints():
     makefile = (ROOT / "Makefile").read_text()
     assert f"torch=={pins(ROOT / 'constraints.txt')['torch']}" in makefile
     assert "-c constraints.txt" in makefile
+
+
+def test_the_declared_torch_floor_is_the_oldest_the_import_check_accepts():
+    from ddp_teach import compat
+    [torch] = [r for r in declared_requirements() if r.name == "torch"]
+    floor = ".".join(map(str, compat.TORCH_OLDEST))
+    assert str(torch.specifier) == f">={floor}", (
+        f"pyproject.toml says {torch}; ddp_teach.compat accepts torch {floor} and newer")

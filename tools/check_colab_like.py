@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", default="python3.12",
                         help="the interpreter of the environment (Colab runs 3.12)")
-    parser.add_argument("--torch", default="2.6.0",
+    parser.add_argument("--torch", default="2.9.0",
                         help="the platform's torch (the oldest the course supports)")
     options = parser.parse_args(argv)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddp_teach"
