@@ -7,10 +7,9 @@ module a learner can read in one sitting:
    so every replica starts identical; after that, identical gradients keep
    them identical, so nothing is sent at forward time.
 2. Gradients are grouped into buckets, filled in REVERSE parameter order
-   (roughly the order backward produces them), the first bucket small (1 MiB)
-   so that communication starts early. Each parameter's `.grad` is a view into
-   its bucket's flat buffer: autograd writes gradients straight into the
-   buffer that is sent, and no copy is made either way.
+   (roughly the order backward produces them). Each parameter's `.grad` is
+   a view into its bucket's flat buffer: autograd writes gradients straight
+   into the buffer that is sent, and no copy is made either way.
 3. An autograd hook per parameter marks it ready; when a bucket is full of
    ready gradients it is all-reduced asynchronously while backward goes on.
    Buckets are launched strictly in bucket order, so every rank issues the
@@ -29,8 +28,37 @@ which spares that extra collective. `no_sync()` skips the reduction so gradients
 first backward after it reduces the accumulated sum. `register_comm_hook`
 replaces the all-reduce of each bucket with the caller's function, under
 torch's contract (`hook(state, bucket) -> Future` of the averaged bucket), so
-torch's hooks and `dt.amp`'s 16-bit ones work here too. Not done here: bucket
-rebuilding after the first iteration, buffer broadcast at every forward.
+torch's hooks and `dt.amp`'s 16-bit ones work here too.
+
+Where torch 2.13's buckets differ (torch/nn/parallel/distributed.py,
+`_BucketCapacityConfig` and `_ddp_init_helper`; torch/csrc/distributed/
+c10d/reducer.cpp, `Reducer::rebuild_buckets`), all seen with a comm hook in
+notebook 03:
+- torch's first iteration runs with ONE bucket per dtype and device (unless
+  find_unused_parameters=True), since it does not know yet in which order
+  the gradients come; its hooks record that order, and at the next forward
+  (one later with static_graph=True) it rebuilds its buckets once, in the
+  order rank 0 saw, broadcast to every rank. Ours are built at
+  construction, in the reverse of `parameters()`, and never change: the
+  same as torch's for a model whose layers run in the order they are
+  defined, worse for one that uses an early-defined layer late.
+- torch's first bucket is capped at 1 MiB (`dist._DEFAULT_FIRST_BUCKET_BYTES`)
+  only when `bucket_cap_mb` is left unset (its default, 25 MiB); an explicit
+  `bucket_cap_mb` caps the first bucket the same as the others. Ours caps
+  the first at `first_bucket_cap_mb` (1 MiB unless told otherwise): our
+  default gives torch's default buckets, and `first_bucket_cap_mb=cap` gives
+  torch's buckets for an explicit `bucket_cap_mb=cap`.
+- `bucket_cap_mb=None` means torch's default (25 MiB) to torch, one bucket
+  for everything to us.
+- with find_unused_parameters=True torch never rebuilds: it keeps the
+  buckets it made at construction by walking `parameters()` in order and
+  reversing the result, so its small first bucket (cap unset) holds the
+  FIRST parameters and is reduced last. Ours are the same with or without
+  the option.
+- a model with several dtypes: both keep one dtype per bucket; torch
+  launches the buckets of all dtypes as they fill, ours all the buckets of
+  the first dtype, then the next dtype's.
+Not done here: bucket rebuilding, buffer broadcast at every forward.
 """
 import contextlib
 import numbers
@@ -46,8 +74,15 @@ FIRST_BUCKET_CAP_MB = 1.0
 
 def bucket_indices(sizes_bytes, cap_bytes, first_cap_bytes=FIRST_BUCKET_CAP_MB * MIB):
     """Group parameters into buckets: lists of parameter indices, the last
-    parameter first. A bucket closes once it holds at least its cap; the first
-    bucket's cap is the smaller one. cap None: one bucket; 0: one each."""
+    parameter first. Walking from the last parameter, each is added to the
+    open bucket, which closes once it holds at least its cap: the first
+    bucket's cap is first_cap_bytes (but never more than cap_bytes), the
+    others' cap_bytes. cap None: one bucket; 0: one per parameter.
+
+    With first_cap_bytes <= cap_bytes this is what torch's reducer computes
+    when it rebuilds its buckets (`dist._compute_bucket_assignment_by_size`
+    with limits [first, cap], in the order the gradients became ready),
+    here with the reverse of `parameters()` as that order."""
     if cap_bytes is None:
         return [list(reversed(range(len(sizes_bytes))))] if sizes_bytes else []
     buckets, current, filled = [], [], 0
@@ -100,17 +135,20 @@ def finish_buckets(buckets: list, world_size: int) -> None:
             offset += size
 
 
-def check_bucket_cap(bucket_cap_mb) -> None:
+def check_bucket_cap(bucket_cap_mb, name: str = "bucket_cap_mb") -> None:
     """A ValueError unless `bucket_cap_mb` is None or a number >= 0. Checked
     before any communication, so every rank refuses at once, none hangs."""
-    if bucket_cap_mb is None:
+    if bucket_cap_mb is None and name == "bucket_cap_mb":
         return
     if (isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, numbers.Real)
             or not bucket_cap_mb >= 0):
+        what = ("a number >= 0 or None" if name == "bucket_cap_mb"
+                else "a number >= 0")
         raise ValueError(
-            f"bucket_cap_mb must be a number >= 0 or None, got {bucket_cap_mb!r}: "
-            f"it is the size of a gradient bucket in MiB (torch's default is "
-            f"25; 0 gives one bucket per parameter, None one bucket for all)")
+            f"{name} must be {what}, got {bucket_cap_mb!r}: it is the size of "
+            f"a gradient bucket in MiB (torch's default is 25, with a first "
+            f"bucket of 1; 0 gives one bucket per parameter, a bucket_cap_mb "
+            f"of None one bucket for all)")
 
 
 def _trainable_parameters(module: torch.nn.Module) -> list:
@@ -180,12 +218,20 @@ class HookBucket:
 
 
 class DistributedDataParallel(torch.nn.Module):
-    """Drop-in for torch's DDP on one device per rank (default group)."""
+    """Drop-in for torch's DDP on one device per rank (default group).
+
+    bucket_cap_mb: the buckets' cap in MiB (None: one bucket; 0: one per
+    parameter); first_bucket_cap_mb: the first bucket's (1 MiB, as torch's
+    when its bucket_cap_mb is left unset; pass the cap itself to get torch's
+    buckets for an explicit bucket_cap_mb). The buckets are fixed at
+    construction: see the module's doc for how torch's change."""
 
     def __init__(self, module: torch.nn.Module, bucket_cap_mb: float | None = 25.0,
-                 find_unused_parameters: bool = False):
+                 find_unused_parameters: bool = False, *,
+                 first_bucket_cap_mb: float = FIRST_BUCKET_CAP_MB):
         super().__init__()
         check_bucket_cap(bucket_cap_mb)
+        check_bucket_cap(first_bucket_cap_mb, "first_bucket_cap_mb")
         trainable = _trainable_parameters(module)
         self.module = module
         self.find_unused_parameters = find_unused_parameters
@@ -198,7 +244,8 @@ class DistributedDataParallel(torch.nn.Module):
         for dtype in dict.fromkeys(p.dtype for p in trainable):  # one dtype a bucket
             same = [p for p in trainable if p.dtype == dtype]
             groups += [[same[i] for i in b] for b in bucket_indices(
-                [p.numel() * p.element_size() for p in same], cap)]
+                [p.numel() * p.element_size() for p in same], cap,
+                first_bucket_cap_mb * MIB)]
         self.buckets = [Bucket(i, params) for i, params in enumerate(groups)]
         self._bucket_of = {p: b for b in self.buckets for p in b.params}
         self._view_of = {p: v for b in self.buckets for p, v in zip(b.params, b.views)}

@@ -125,6 +125,75 @@ def test_bucket_indices_cap_below_one_mib_caps_the_first_bucket_too():
     assert bucket_indices([100] * 6, 250) == [[5, 4, 3], [2, 1, 0]]
 
 
+def torch_rebuilt_buckets(sizes, cap, first_cap):
+    """What torch's reducer computes when it rebuilds its buckets, for
+    gradients that became ready from the last parameter to the first."""
+    import torch.distributed as dist
+    order = list(reversed(range(len(sizes))))
+    tensors = [torch.empty(sizes[i], dtype=torch.uint8) for i in order]
+    result = dist._compute_bucket_assignment_by_size(tensors, [first_cap, cap], [], order)
+    return result[0] if isinstance(result, tuple) else result  # (indices, limits) since 2.x
+
+
+@pytest.mark.skipif(not hasattr(torch.distributed, "_compute_bucket_assignment_by_size"),
+                    reason="this torch has no _compute_bucket_assignment_by_size to compare with")
+def test_bucket_indices_is_torchs_rebuild_rule_for_first_caps_up_to_the_cap():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        n = int(torch.randint(1, 9, (), generator=generator))
+        sizes = torch.randint(1, 21, (n,), generator=generator).tolist()
+        cap = int(torch.randint(0, 41, (), generator=generator))
+        first = int(torch.randint(0, cap + 1, (), generator=generator))
+        assert bucket_indices(sizes, cap, first) == torch_rebuilt_buckets(
+            sizes, cap, first), (sizes, cap, first)
+
+
+def buckets_seen_worker(rank, world_size):
+    """The parameter indices of each bucket a comm hook is handed, per step,
+    under torch's DDP and ours, for the same caps."""
+    import torch.distributed as dist
+
+    def record(net, model, steps=3):
+        index = {p: i for i, p in enumerate(model.parameters())}
+        seen = []
+
+        def hook(state, bucket):
+            seen[-1].append([index[p] for p in bucket.parameters()])
+            work = dist.all_reduce(bucket.buffer(), async_op=True)
+            return work.get_future().then(lambda f: f.value()[0].div_(world_size))
+        net.register_comm_hook(None, hook)
+        for _ in range(steps):
+            seen.append([])
+            net(torch.ones(2, WIDE)).sum().backward()
+        return seen
+
+    out = {}
+    for name, torch_kwargs, ours_kwargs in (
+            ("unset", {}, {}),
+            ("25", {"bucket_cap_mb": 25}, {"bucket_cap_mb": 25, "first_bucket_cap_mb": 25}),
+            ("2", {"bucket_cap_mb": 2}, {"bucket_cap_mb": 2, "first_bucket_cap_mb": 2}),
+            ("0.5", {"bucket_cap_mb": 0.5}, {"bucket_cap_mb": 0.5, "first_bucket_cap_mb": 0.5})):
+        model = nn.Sequential(*[nn.Linear(WIDE, WIDE) for _ in range(3)])
+        out[name] = {"torch": record(nn.parallel.DistributedDataParallel(model, **torch_kwargs), model)}
+        model = nn.Sequential(*[nn.Linear(WIDE, WIDE) for _ in range(3)])
+        out[name]["ours"] = record(DistributedDataParallel(model, **ours_kwargs), model)
+    return out
+
+
+def test_our_buckets_are_torchs_from_its_second_step_and_its_first_has_one():
+    """torch 2.13 runs its first step with one bucket, then rebuilds: the
+    first bucket capped at 1 MiB only when bucket_cap_mb is unset. Ours,
+    given the same first cap, are the same buckets from the start."""
+    seen = dt.run(buckets_seen_worker, 2, timeout=RUN_TIMEOUT)[0]
+    everything = list(range(6))
+    expected = {"unset": [[5, 4], [3, 2, 1, 0]], "25": [everything[::-1]],
+                "2": [[5, 4, 3, 2], [1, 0]], "0.5": [[5, 4], [3, 2], [1, 0]]}
+    for name, buckets in expected.items():
+        assert seen[name]["torch"][0] == [everything], name  # one bucket, first step
+        assert seen[name]["torch"][1:] == [buckets] * 2, name
+        assert seen[name]["ours"] == [buckets] * 3, name
+
+
 # ---- equivalence with a full-batch baseline and torch's DDP -------------------
 
 def equivalence_worker(rank, world_size):
@@ -507,7 +576,9 @@ def refusals_worker(rank, world_size):
              "negative cap": lambda: DistributedDataParallel(
                  nn.Linear(2, 2), bucket_cap_mb=-1),
              "cap not a number": lambda: DistributedDataParallel(
-                 nn.Linear(2, 2), bucket_cap_mb="25")}
+                 nn.Linear(2, 2), bucket_cap_mb="25"),
+             "first cap None": lambda: DistributedDataParallel(
+                 nn.Linear(2, 2), first_bucket_cap_mb=None)}
     refused = {}
     for case, construct in cases.items():
         try:
@@ -534,3 +605,6 @@ def test_bad_modules_and_caps_are_refused_on_every_rank_with_what_to_do():
             assert kind == "ValueError", refused[case]
             assert f"bucket_cap_mb must be a number >= 0 or None, got {shown}" in message
             assert "in MiB (torch's default is 25" in message
+        kind, message = refused["first cap None"]
+        assert kind == "ValueError" and (
+            "first_bucket_cap_mb must be a number >= 0, got None" in message), message
