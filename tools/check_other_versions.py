@@ -41,16 +41,19 @@ UNIT_TESTS = ("tests/test_compat.py", "tests/test_package.py", "tests/test_syste
 
 
 def find_python(version: str) -> str:
-    """An interpreter of this version: pythonX.Y on PATH, else pyenv's."""
-    found = shutil.which(f"python{version}")
+    """An interpreter of this version that runs: pythonX.Y on PATH (a pyenv
+    shim there may refuse), else pyenv's own copy."""
     pyenv_root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
-    candidates = ([found] if found else []) + sorted(
+    candidates = [shutil.which(f"python{version}")] + sorted(
         glob.glob(os.path.join(pyenv_root, "versions", f"{version}.*", "bin", "python")))
-    if not candidates:
-        raise SystemExit(f"check_other_versions: no Python {version} found (neither "
-                         f"python{version} on PATH nor pyenv's {version}.x). Install "
-                         f"one, or choose other environments with --env.")
-    return candidates[0]
+    check = "import sys; print('%d.%d' % sys.version_info[:2])"
+    for candidate in filter(None, candidates):
+        ran = subprocess.run([candidate, "-c", check], capture_output=True, text=True)
+        if ran.returncode == 0 and ran.stdout.strip() == version:
+            return candidate
+    raise RuntimeError(f"no Python {version} found (neither python{version} on PATH "
+                       f"nor pyenv's {version}.x); install one, or choose other "
+                       f"environments with --env")
 
 
 def build(venv: Path, python: str, torch: str, index_url: str | None) -> Path:
@@ -111,8 +114,13 @@ def main(argv=None) -> int:
         if not torch_version:
             parser.error(f"--env {spec!r}: write PYTHON:TORCH, e.g. 3.12:2.9.0")
         name = f"py{python_version}-torch{torch_version}"
-        python = build(base / name, find_python(python_version), torch_version,
-                       options.index_url)
+        try:
+            python = build(base / name, find_python(python_version), torch_version,
+                           options.index_url)
+        except (RuntimeError, subprocess.CalledProcessError) as error:
+            print(f"\n=== {name}: not built: {error}", flush=True)
+            results.append((name, {"exit": "not built", "seconds": 0.0}))
+            continue
         print(f"\n=== {name}: {versions(python)}", flush=True)
         results.append((name, run_tests(python, base / name / "report.xml",
                                         options.pytest_args)))
