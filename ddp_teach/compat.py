@@ -43,6 +43,12 @@ requests, and what this module does about it:
   only for what needs it (`dt.sim.one_rank`: a step on meta tensors over
   the fake process group).
 
+- gloo carries the list form of `all_to_all` in torch 2.13, not in 2.9
+  ("Backend gloo does not support alltoall"; it always had
+  `all_to_all_single`). On a torch older than 2.13 `install_shims` wraps
+  `all_to_all` so that, where the backend refuses the list form, a blocking
+  call runs as one `all_to_all_single` of the concatenated tensors.
+
 This file runs before anything else of the package, so it must stay
 importable on the oldest Pythons a learner may start it with.
 """
@@ -185,6 +191,12 @@ def install_shims(modules=None) -> list:
             for module in modules:
                 setattr(module, new, shim)
             added.append(new)
+    all_to_all = getattr(modules[0], "all_to_all", None)
+    if TORCH < (2, 13) and all_to_all and not getattr(all_to_all, "list_form_shim", False):
+        shim = all_to_all_shim(all_to_all, modules[0].all_to_all_single)
+        for module in modules:
+            module.all_to_all = shim
+        added.append("all_to_all")
     return added
 
 
@@ -212,6 +224,33 @@ def _reduce_scatter_single_shim(reduce_scatter_tensor):
         ddp_teach.compat on this older torch)."""
         return reduce_scatter_tensor(output, input, op, group, async_op)
     return reduce_scatter_single
+
+
+def all_to_all_shim(all_to_all, all_to_all_single):
+    """`all_to_all` that falls back on `all_to_all_single` where the backend
+    refuses the list form (see the module's docstring)."""
+    def all_to_all_list(output_tensor_list, input_tensor_list, group=None,
+                        async_op=False):
+        """torch's all_to_all; where the backend has no list form (gloo
+        before torch 2.13), a blocking call runs as one all_to_all_single
+        (added by ddp_teach.compat on this older torch)."""
+        try:
+            return all_to_all(output_tensor_list, input_tensor_list, group, async_op)
+        except RuntimeError as refused:
+            if async_op or "does not support alltoall" not in str(refused):
+                raise
+        received = torch.empty(sum(t.numel() for t in output_tensor_list),
+                               dtype=output_tensor_list[0].dtype,
+                               device=output_tensor_list[0].device)
+        all_to_all_single(received, torch.cat([t.reshape(-1) for t in input_tensor_list]),
+                          [t.numel() for t in output_tensor_list],
+                          [t.numel() for t in input_tensor_list], group)
+        for out, piece in zip(output_tensor_list,
+                              received.split([t.numel() for t in output_tensor_list])):
+            out.copy_(piece.view_as(out))
+        return None
+    all_to_all_list.list_form_shim = True
+    return all_to_all_list
 
 
 _SHIM_MAKERS = {"all_gather_single": _all_gather_single_shim,

@@ -305,3 +305,23 @@ def test_collectives_run_on_meta_tensors_over_the_fake_group_once_registered():
     finally:
         dist.destroy_process_group()
     assert full.shape == (12,) and shard.is_meta
+
+
+def all_to_all_where_the_list_form_is_refused(rank, world_size):
+    def refusing(*args, **kwargs):
+        raise RuntimeError("Backend gloo does not support alltoall")
+    shimmed = compat.all_to_all_shim(refusing, dist.all_to_all_single)
+    sent = [torch.full((2,), 10.0 * rank + peer) for peer in range(world_size)]
+    received = [torch.zeros(2) for _ in range(world_size)]
+    returned = shimmed(received, sent)
+    real = [torch.zeros(2) for _ in range(world_size)]
+    dist.all_to_all(real, sent)
+    with pytest.raises(RuntimeError, match="does not support"):
+        shimmed(received, sent, async_op=True)  # only blocking calls fall back
+    return returned, [t.tolist() for t in received], [t.tolist() for t in real]
+
+
+def test_the_all_to_all_shim_sends_what_the_list_form_sends():
+    for returned, received, real in dt.run(
+            all_to_all_where_the_list_form_is_refused, 3, backend="gloo", timeout=60):
+        assert returned is None and received == real
