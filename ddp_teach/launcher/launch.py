@@ -170,11 +170,16 @@ def _cell_sources(call: bytes) -> dict:
     learner's lines. cloudpickle ships a cell's code by value, file name
     included, so only cells whose name is in the pickle can appear in a
     traceback; the rest stay home (after 700 cells, sending them all cost
-    900 KB and 30 ms a run)."""
+    900 KB and 30 ms a run). Each entry travels with no modification time:
+    IPython 7 (Colab's) stamps its cells with one, and a worker's
+    `linecache.checkcache` would drop an entry whose file it cannot stat;
+    IPython 8 already leaves it None, which checkcache keeps."""
     import linecache
-    return {name: entry for name, entry in list(linecache.cache.items())
-            if len(entry) == 4 and name.encode("utf-8", "surrogatepass") in call
-            and not os.path.exists(name)}
+    return {name: (size, None, lines, full_name)
+            for name, (size, _, lines, full_name) in
+            ((name, entry) for name, entry in list(linecache.cache.items())
+             if len(entry) == 4)
+            if name.encode("utf-8", "surrogatepass") in call and not os.path.exists(name)}
 
 
 def _unpickle_value(rank: int, data: bytes):
