@@ -163,6 +163,8 @@ class Monitor:
 
     def _raise_timeout(self):
         live = [r for r in self.ranks if not r.reported()]
+        if not live:
+            self._raise_exit_timeout()
         for rank in live:
             signal_quietly(rank.pid, signal.SIGUSR1)
         until = time.monotonic() + STACK_WAIT_S
@@ -182,6 +184,21 @@ class Monitor:
             errors.timeout_message(self.timeout, stacks, in_collective,
                                    finished, suspect),
             stacks, suspect, stacks, in_collective)
+
+    def _raise_exit_timeout(self):
+        """Every rank returned, but some never exited (seen with torch 2.6,
+        whose gloo destroy_process_group could hang): no stack to show."""
+        lingering = [r for r in self.ranks if not r.streams_closed()]
+        for rank in lingering:  # its process group: what it started holds the pipes
+            kill_group(rank.pid)
+        self._stop_all()
+        lingering = [r.rank for r in lingering]
+        raise errors.WorkerTimeout(
+            f"every rank returned its result, but rank(s) "
+            f"{', '.join(map(str, lingering))} had not exited after "
+            f"timeout={self.timeout:g} s: stuck while shutting down (in "
+            f"destroy_process_group, or a thread that never ends). Every worker "
+            f"was stopped.", {}, lingering[0] if lingering else 0, {}, {})
 
     def _stop_all(self) -> None:
         """Kill every worker not yet reaped, then read what they left."""
