@@ -1,9 +1,10 @@
-"""Notebook 03's planted mistakes (PLANTED, run by test_registry.py, which
-also checks every reference and stub): each must get the hint that fits."""
-import torch.distributed as dist
-
-from ddp_teach.ddp import bucket_indices, finish_buckets
-from ddp_teach.exercises.nb03_ddp import closing_strictly
+"""Notebook 03's bucket assignment: planted mistakes (PLANTED, run by
+test_registry.py, which also checks the reference and the stub), each of
+which must get the hint that names it. The first group breaks one property
+each of those the checker's docstring lists; the second group are mistakes
+found by trying the exercise again, after the checker was written."""
+from ddp_teach.ddp import MIB, bucket_indices
+from ddp_teach.exercises.nb03_ddp import walk
 
 
 def forward_order(sizes, cap, first_cap):
@@ -12,73 +13,91 @@ def forward_order(sizes, cap, first_cap):
     return [[n - 1 - i for i in b] for b in bucket_indices(sizes[::-1], cap, first_cap)]
 
 
-def blocking_hook(pending):
-    def hook(param):
-        pending.append((param, dist.all_reduce(param.grad)))
-    return hook
+def no_small_first_bucket(sizes, cap, first_cap):
+    return bucket_indices(sizes, cap, cap)
 
 
-def forgetful_hook(pending):
-    def hook(param):
-        dist.all_reduce(param.grad, async_op=True).wait()
-    return hook
+def closes_only_above_the_cap(sizes, cap, first_cap):
+    if cap is None:
+        return bucket_indices(sizes, cap)
+    return walk(sizes, cap, first_cap, strictly=True)
 
 
-def waits_inside_the_hook(pending):
-    """Async in name only: the wait() stops backward until the sum arrives."""
-    def hook(param):
-        work = dist.all_reduce(param.grad, async_op=True)
-        work.wait()
-        pending.append((param, work))
-    return hook
+def drops_the_open_bucket(sizes, cap, first_cap):
+    if cap is None:
+        return bucket_indices(sizes, cap)
+    return walk(sizes, cap, first_cap, drop_open=True)
 
 
-def reduces_the_parameter(pending):
-    def hook(param):
-        pending.append((param, dist.all_reduce(param.data, async_op=True)))
-    return hook
+def caps_taken_as_mib(sizes, cap, first_cap):
+    if cap is None:
+        return bucket_indices(sizes, cap)
+    return bucket_indices(sizes, cap * MIB, first_cap * MIB)
 
 
-def no_wait(buckets, world_size):
-    for bucket in buckets:
-        bucket["buffer"].div_(world_size)
+def reverses_the_callers_list(sizes, cap, first_cap):
+    sizes.reverse()  # then walks "forward" over the reversed list
+    buckets = bucket_indices(sizes[::-1], cap, first_cap)
+    return buckets
 
 
-def no_division(buckets, world_size):
-    finish_buckets(buckets, 1)
+def forgets_to_return(sizes, cap, first_cap):
+    bucket_indices(sizes, cap, first_cap)
 
 
-def copies_before_waiting(buckets, world_size):
-    """Right only when the sum happens to land before the copy."""
-    for bucket in buckets:
-        offset = 0
-        for param in bucket["params"]:
-            piece = bucket["buffer"][offset:offset + param.numel()]
-            param.grad.copy_(piece.view_as(param) / world_size)
-            offset += param.numel()
-        bucket["work"].wait()
+# second attempt: mistakes of our own, not in the list above
+
+def first_cap_for_every_bucket(sizes, cap, first_cap):
+    if cap is None:
+        return bucket_indices(sizes, cap)
+    return bucket_indices(sizes, first_cap, first_cap)
 
 
-def offset_not_advanced(buckets, world_size):
-    for bucket in buckets:
-        bucket["work"].wait()
-        bucket["buffer"].div_(world_size)
-        for param in bucket["params"]:
-            param.grad.copy_(bucket["buffer"][:param.numel()].view_as(param))
+def never_goes_over_the_cap(sizes, cap, first_cap):
+    """Bin-packing habit: close the bucket before a parameter would make it
+    exceed its cap."""
+    if cap is None:
+        return bucket_indices(sizes, cap)
+    return walk(sizes, cap, first_cap, before_adding=True)
+
+
+def never_resets_the_count(sizes, cap, first_cap):
+    if cap is None:
+        return bucket_indices(sizes, cap)
+    return walk(sizes, cap, first_cap, keep_count=True)
+
+
+def compares_one_parameter_with_the_cap(sizes, cap, first_cap):
+    if cap is None:
+        return bucket_indices(sizes, cap)
+    return walk(sizes, cap, first_cap, parameter_alone=True)
+
+
+def buckets_returned_last_first(sizes, cap, first_cap):
+    return bucket_indices(sizes, cap, first_cap)[::-1]
+
+
+def sorts_each_bucket(sizes, cap, first_cap):
+    return [sorted(b) for b in bucket_indices(sizes, cap, first_cap)]
+
+
+def one_empty_bucket_for_no_parameters(sizes, cap, first_cap):
+    return bucket_indices(sizes, cap, first_cap) or [[]]
 
 
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("ddp_bucket_assignment", forward_order, "fill buckets from the LAST"),
-    ("ddp_bucket_assignment", lambda s, c, f: bucket_indices(s, c, c) if c
-     else bucket_indices(s, c, f), "the first bucket is capped"),
-    ("ddp_bucket_assignment", closing_strictly, "AT LEAST its cap"),
-    ("ddp_grad_hook", blocking_hook, "async_op=True"),
-    ("ddp_grad_hook", forgetful_hook, "append (param, work)"),
-    ("ddp_grad_hook", reduces_the_parameter, "not the parameter itself"),
-    ("ddp_grad_hook", waits_inside_the_hook, "before backward went on"),
-    ("ddp_finish", no_wait, "never waited"),
-    ("ddp_finish", no_division, "divide the buffer by world_size"),
-    ("ddp_finish", offset_not_advanced, "running offset"),
-    ("ddp_finish", copies_before_waiting, "before the bucket's work.wait() returned"),
+    ("ddp_bucket_assignment", no_small_first_bucket, "first bucket's cap is first_cap_bytes"),
+    ("ddp_bucket_assignment", closes_only_above_the_cap, "AT LEAST its cap"),
+    ("ddp_bucket_assignment", drops_the_open_bucket, "the bucket still open"),
+    ("ddp_bucket_assignment", caps_taken_as_mib, "in bytes already"),
+    ("ddp_bucket_assignment", reverses_the_callers_list, "changed sizes_bytes"),
+    ("ddp_bucket_assignment", forgets_to_return, "is `return` missing?"),
+    ("ddp_bucket_assignment", first_cap_for_every_bucket, "for the FIRST bucket only"),
+    ("ddp_bucket_assignment", never_goes_over_the_cap, "a bucket may go over its cap"),
+    ("ddp_bucket_assignment", never_resets_the_count, "set its byte count back to 0"),
+    ("ddp_bucket_assignment", compares_one_parameter_with_the_cap, "the whole BUCKET"),
+    ("ddp_bucket_assignment", buckets_returned_last_first, "right but in reverse order"),
+    ("ddp_bucket_assignment", sorts_each_bucket, "not the indices sorted"),
+    ("ddp_bucket_assignment", one_empty_bucket_for_no_parameters, "no parameters, no buckets"),
 ]
-
