@@ -143,9 +143,20 @@ def strip_ddp_prefix(state_dict: dict) -> dict:
 def nonfinite_ranks(*tensors: torch.Tensor) -> list:
     """The ranks on which any of `tensors` holds a NaN or an inf (a
     collective). Call it on the loss, or the gradients, before the
-    all-reduce spreads the NaN to every rank."""
-    bad = any(not torch.isfinite(t.detach()).all() for t in tensors)
-    flags = _all_gather_ints([int(bad)])[:, 0].tolist()
+    all-reduce spreads the NaN to every rank.
+
+    The flags stay on the device until the gathered list is read, once: on a
+    GPU that read is a device-to-host copy, which makes the CPU wait for
+    every kernel queued so far (it stops running ahead). So check the loss,
+    one number, rather than every gradient, and every N steps rather than
+    every step when that wait shows."""
+    device = collective_device()
+    bad = torch.zeros(1, dtype=torch.int64, device=device)
+    for tensor in tensors:
+        bad |= (~torch.isfinite(tensor.detach())).any().to(device)
+    everyone = [torch.empty_like(bad) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, bad)
+    flags = torch.cat(everyone).tolist()  # the one read on the host
     return [rank for rank, flag in enumerate(flags) if flag]
 
 

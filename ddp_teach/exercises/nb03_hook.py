@@ -141,6 +141,17 @@ def _backward_watched(model, rank, spy) -> bool:
     return stuck
 
 
+def _describe(value, params) -> str:
+    """What the learner handed over, in the exercise's words."""
+    if isinstance(value, _Held):
+        return "work"
+    if any(value is p for p in params):
+        return "param"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_describe(v, params) for v in value) + ")"
+    return type(value).__name__
+
+
 def _hook_on_ranks(rank, world_size, make_hook):
     model, pending, returned = small_model(), [], []
     params = list(model.parameters())
@@ -153,7 +164,7 @@ def _hook_on_ranks(rank, world_size, make_hook):
     def called(param):  # what autograd calls: the learner's hook, its value noted
         value = hook(param)
         if value is not None:
-            returned.append(type(value).__name__)
+            returned.append(_describe(value, params))
 
     for p in params:
         p.register_post_accumulate_grad_hook(called)
@@ -164,7 +175,7 @@ def _hook_on_ranks(rank, world_size, make_hook):
     seen = {"returned": returned, "stuck": stuck, "calls": spy.calls,
             "waited": any(h.waited for h in spy.held),
             "written": any(h.written_in_flight for h in spy.held),
-            "pending": [type(e).__name__ for e in pending], "pairs": len(entries),
+            "pending": [_describe(e, params) for e in pending], "pairs": len(entries),
             "params_first": sum(any(e[0] is p for p in params) for e in entries),
             "works": sum(callable(getattr(e[1], "wait", None)) for e in entries),
             "params_changed": any(not torch.equal(p, b) for p, b in zip(params, before)),
@@ -217,7 +228,7 @@ def check_grad_hook(fn) -> Verdict:
                            ", not a function.\nHint: define hook(param) inside "
                            "my_make_hook and return it (without calling it).")
         if seen["returned"]:
-            return Verdict(WRONG, f"your hook returned a {seen['returned'][0]}: "
+            return Verdict(WRONG, f"your hook returned a value ({seen['returned'][0]}): "
                            "autograd refuses a post-accumulate-grad hook that "
                            "returns a value ('expected Variable, but hook "
                            "returned ...').\nHint: the hook returns nothing; "
@@ -257,10 +268,9 @@ def check_grad_hook(fn) -> Verdict:
         if seen["pairs"] != len(seen["pending"]) or seen["pairs"] != n_params \
                 or seen["params_first"] != n_params or seen["works"] != n_params:
             kinds = sorted(set(seen["pending"])) or ["nothing"]
-            return Verdict(WRONG, f"`pending` held {len(seen['pending'])} entries "
-                           f"({', '.join(kinds)}) for {n_params} parameters, "
-                           f"{seen['params_first']} of them starting with the "
-                           "parameter.\nHint: append one pair (param, work) per "
+            return Verdict(WRONG, f"`pending` held {len(seen['pending'])} entries, "
+                           f"each {' or '.join(kinds)}, for {n_params} "
+                           "parameters.\nHint: append one pair (param, work) per "
                            "call: the parameter itself first, then the work "
                            "dist.all_reduce returned, so the step after "
                            "backward knows which gradient each work fills.")

@@ -1,13 +1,28 @@
-"""Checkers for notebook 09's exercises: the tools that find data-parallel bugs.
+"""Checkers for notebook 09's exercises on metrics and checkpoints
+(`dataset_mean`, `strip_ddp_prefix`; the replica tools `differing_tensors`
+and `nonfinite_ranks` are in nb09_replicas.py).
 
-`dataset_mean`: the mean over every rank's values when ranks hold different
-numbers of them (one rank holds none). `strip_ddp_prefix`: a DDP state dict
-loaded into a bare model. `differing_tensors`: which parameters and buffers
-differ between ranks. `nonfinite_ranks`: on which ranks a loss is NaN or
-inf. Each wrong answer is compared with what the likely mistakes produce (a
-mean of means, a sum, a local answer; replace() instead of removeprefix();
-a sum or allclose as the comparison, the buffers forgotten; the loss
-all-reduced, NaN but not inf) so that the hint names the mistake.
+What each reference (in ddp_teach/debugging.py) guarantees, each property
+checked with the hint that names the mistake breaking it:
+
+`dataset_mean(local_losses)`, on 2 and 3 real ranks holding 5, 1 and 0
+values (the last batch of an epoch):
+- the mean over every value on every rank: every value weighs the same,
+  whatever its rank's count (not a mean of the ranks' means, not the sum,
+  not a count assumed equal on every rank, not the world size as count);
+- a rank that holds no values is no problem (no 0/0 on it);
+- the same answer on every rank (all_reduce, not reduce to rank 0);
+- the caller's tensor left as it was.
+
+`strip_ddp_prefix(state_dict)`, on a DDP state dict and on a bare one:
+- a new dict whose keys lose the leading "module." once, values unchanged,
+  key order free; the given dict left as it was;
+- only at the start, and only that prefix: "module." inside a key
+  ("model.module.bias", "model.submodule.weight") stays, a submodule called
+  `module` keeps its name ("module.module.weight" -> "module.weight"), and
+  a key without the prefix is kept whole (not cut by 7 characters);
+- the prefix removed as a word: `str.lstrip("module.")` removes any of the
+  characters m, o, d, u, l, e and "." ("embed.weight" -> "bed.weight").
 """
 import math
 
@@ -29,27 +44,45 @@ def _local_losses(rank: int, world_size: int) -> torch.Tensor:
 
 
 def _mean_on_ranks(rank, world_size, fn):
+    given = _local_losses(rank, world_size)
     try:
-        got = fn(_local_losses(rank, world_size))
+        got = fn(given)
     except NotImplementedError:
         return NOT_ATTEMPTED
-    return float(got)
+    return {"mean": float(got),
+            "changed": not torch.equal(given, _local_losses(rank, world_size))}
 
 
-def _mean_hint(got: float, world_size: int, rank: int) -> str:
+def _mean_hint(results: list, world_size: int, rank: int) -> str:
+    """The hint for rank `rank`'s wrong answer (the first wrong rank)."""
     values = [_local_losses(r, world_size) for r in range(world_size)]
-    local = values[rank]
     total, count = sum(v.sum().item() for v in values), sum(v.numel() for v in values)
-    means = [v.mean().item() for v in values]
+    means = [v.mean().item() for v in values if v.numel()]
     close = lambda a, b: math.isclose(a, b, rel_tol=1e-5)  # noqa: E731
-    if math.isnan(got) or close(got, sum(means) / world_size) or \
-            close(got, sum(m for m in means if not math.isnan(m)) / world_size):
+    if any(r["changed"] for r in results):
+        return ("your function also changed the caller's local_losses (an "
+                "in-place operation such as -=, /= or div_ on it): work on new "
+                "tensors.")
+    got, local = results[rank]["mean"], values[rank]
+    if math.isnan(got) and not all(v.numel() for v in values):
+        return ("NaN: rank 2 holds no values, and 0/0 is NaN (the mean of an "
+                "empty tensor is NaN); the all-reduce then spreads it to every "
+                "rank. Communicate sums and counts, which are 0 on an empty "
+                "rank, and divide only once, by the total count.")
+    if rank > 0 and close(results[0]["mean"], total / count):
+        return ("rank 0 is right, the others are not: only rank 0 got the "
+                "whole sum (dist.reduce?). Use dist.all_reduce, so that every "
+                "rank holds the sums and counts of all ranks.")
+    if close(got, sum(means) / world_size) or close(got, sum(means) / len(means)):
         return ("that is the mean of the ranks' means: a rank with 1 value "
-                "weighs as much as one with 5, and a rank with none gives NaN. "
-                "All-reduce the sum and the count, then divide.")
+                "weighs as much as one with 5. All-reduce the sum and the "
+                "count, then divide.")
     if close(got, total):
         return ("that is the sum over every rank: divide it by the total "
                 "count, all-reduced too.")
+    if close(got, total / world_size):
+        return ("that is the sum over every rank divided by the number of "
+                "RANKS: divide by the number of values, all-reduced too.")
     if local.numel() and close(got, total / (local.numel() * world_size)):
         return ("the sum divided by this rank's count times the world size: "
                 "that assumes every rank holds as many values. All-reduce the "
@@ -65,15 +98,22 @@ def check_dataset_mean(fn) -> Verdict:
         results, problem = run_learner_code(_mean_on_ranks, world_size, fn)
         if problem:
             return problem
-        values = torch.cat([_local_losses(r, world_size) for r in range(world_size)])
-        want = values.mean().item()
-        for rank, got in enumerate(results):
-            if not math.isclose(got, want, rel_tol=1e-5):
-                return Verdict(WRONG, (
-                    f"{world_size} ranks holding "
-                    f"{[_local_losses(r, world_size).numel() for r in range(world_size)]}"
-                    f" values, rank {rank}: expected the mean {want:.4f}, got "
-                    f"{got:.4f}.\nHint: " + _mean_hint(got, world_size, rank)))
+        counts = [_local_losses(r, world_size).numel() for r in range(world_size)]
+        want = torch.cat([_local_losses(r, world_size) for r in range(world_size)]).mean().item()
+        for rank, seen in enumerate(results):
+            right = math.isclose(seen["mean"], want, rel_tol=1e-5)
+            if right and not seen["changed"]:
+                continue
+            if right:
+                return Verdict(WRONG, f"{world_size} ranks holding {counts} values: "
+                               "the right mean, but your function changed the "
+                               "caller's local_losses (an in-place operation "
+                               "such as -=, /= or sub_ on it).\nHint: leave the "
+                               "values as they were given; work on new tensors.")
+            return Verdict(WRONG, (
+                f"{world_size} ranks holding {counts} values, rank {rank}: expected "
+                f"the mean {want:.4f}, got {seen['mean']:.4f}.\nHint: "
+                + _mean_hint(results, world_size, rank)))
     return Verdict(CORRECT, "the mean over every value on 2 and 3 ranks holding "
                             "5, 1 and 0 values, the same on every rank.")
 
@@ -89,166 +129,95 @@ class _Block(nn.Module):
         self.submodule = nn.Linear(2, 1)
 
 
-def _bare_model() -> nn.Module:
+class _Wrapped(nn.Module):
+    """Names that trip up str.lstrip and str.split: `embed` and `model`
+    start with letters of "module.", and a submodule is called `module`, so
+    DDP's keys read module.module.weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(3, 2)
+        self.module = nn.Linear(2, 2)
+        self.model = _Block()
+
+
+def _bare_models() -> list:
+    """A model to wrap, and one whose own keys have no top-level `module`
+    (a bare state dict with it would look like a DDP one)."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(3, 2), _Block())
+    return [_Wrapped(), nn.Sequential(nn.Linear(3, 2), _Block(), nn.Linear(1, 3))]
+
+
+def _strip_repeatedly(key: str) -> str:
+    while key.startswith("module."):
+        key = key[len("module."):]
+    return key
+
+
+PREFIX_MISTAKES = [  # (what the mistake does to a key, the hint that names it)
+    (lambda key: key.lstrip("module."),
+     "str.lstrip('module.') removes any of the CHARACTERS m, o, d, u, l, e and "
+     "'.' from the left, not the word: 'module.embed.weight' became "
+     "'bed.weight'. Use key.removeprefix('module.')."),
+    (lambda key: key.split("module.")[-1],
+     "key.split('module.') cuts at every 'module.' in the key, also inside "
+     "'model.module.bias' or 'model.submodule.weight'. Remove the prefix "
+     "only at the start: key.removeprefix('module.')."),
+    (lambda key: key.replace("module.", ""),
+     "replace() removed 'module.' everywhere in the key, also inside names "
+     "such as 'model.submodule.weight' or 'model.module.bias'. Remove it "
+     "only at the start: key.removeprefix('module.')."),
+    (_strip_repeatedly,
+     "the prefix was removed more than once: DDP adds one 'module.'; a "
+     "second one is your model's own submodule called `module`. Remove it "
+     "once: key.removeprefix('module.')."),
+]
+
+
+def _prefix_hint(given: dict, got: dict) -> str:
+    for mistake, hint in PREFIX_MISTAKES:
+        if set(got) == {mistake(key) for key in given}:
+            return hint
+    if not any(key.startswith("module.") for key in given):
+        return ("these keys had no prefix, and yours changed them anyway: "
+                "remove 'module.' only where a key starts with it "
+                "(key.removeprefix('module.')).")
+    if any(key.startswith("module.") for key in got):
+        return "the keys still start with 'module.': remove that prefix."
+    return "keep the values, and remove the leading 'module.' from each key."
 
 
 def check_strip_ddp_prefix(fn) -> Verdict:
-    model = _bare_model()
-    bare = model.state_dict()
-    wrapped = {f"module.{key}": value for key, value in bare.items()}
-    for name, given in (("a DDP model's state dict", wrapped),
-                        ("a bare model's state dict (no prefix)", bare)):
+    wrapped_model, bare_model = _bare_models()
+    cases = (("a DDP model's state dict", wrapped_model.state_dict(), "module."),
+             ("a bare model's state dict (no prefix)", bare_model.state_dict(), ""))
+    for name, bare, prefix in cases:
+        given = {prefix + key: value for key, value in bare.items()}
+        passed = dict(given)
         try:
-            got = fn(dict(given))
+            got = fn(passed)
         except NotImplementedError:
             return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
         if not isinstance(got, dict):
             return Verdict(WRONG, f"return a dict, not a {type(got).__name__}."
                                   "\nHint: build a new dict with the new keys.")
-        if list(got) == list(bare) and all(torch.equal(got[k], bare[k]) for k in bare):
+        if got is passed or list(passed) != list(given):
+            return Verdict(WRONG, f"for {name}, your function changed the dict it "
+                           "was given.\nHint: build and return a NEW dict: the "
+                           "caller may still need the old one.")
+        if set(got) == set(bare) and all(torch.equal(got[k], bare[k]) for k in bare):
             continue
-        shown = (f"for {name}, expected the keys {list(bare)}, got "
-                 f"{list(got)}.\nHint: ")
-        return Verdict(WRONG, shown + _prefix_hint(list(given), list(got)))
-    fresh = _bare_model()
-    fresh.load_state_dict(fn(wrapped))
-    return Verdict(CORRECT, "a DDP state dict loads into the bare model (keys "
-                            "that contain 'module.' elsewhere kept), and a bare "
-                            "state dict is left as it was.")
-
-
-def _prefix_hint(given: list, got: list) -> str:
-    if any(key.startswith("module.") for key in got):
-        return "the keys still start with 'module.': remove that prefix."
-    if got == [key.replace("module.", "") for key in given]:
-        return ("replace() removed 'module.' everywhere in the key, also "
-                "inside names such as '1.submodule.weight' or '1.module.bias'. "
-                "Remove it only at the start: key.removeprefix('module.').")
-    if not any(key.startswith("module.") for key in given):
-        return ("these keys had no prefix, and yours changed them anyway: "
-                "remove 'module.' only where a key starts with it "
-                "(key.removeprefix('module.')).")
-    return "keep the values, and remove the leading 'module.' from each key."
-
-
-# ---- differing_tensors ------------------------------------------------------
-
-WHERE_THEY_DIFFER = ["0.weight", "0.bias", "1.running_mean"]
-
-
-def _replica(rank: int) -> nn.Module:
-    """Three replicas that were meant to be equal. Rank 1's weight has two
-    rows swapped (same sum, same norm); rank 2's bias is one bit off, and
-    its BatchNorm ran on other data (a buffer, not a parameter)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-    with torch.no_grad():
-        if rank == 1:
-            model[0].weight.copy_(model[0].weight[[1, 0, 2, 3]])
-        if rank == 2:
-            bias = model[0].bias
-            bias[0] = torch.nextafter(bias[0], torch.tensor(math.inf))
-            model[1].running_mean.fill_(0.5)
-    return model
-
-
-def _differing_on_ranks(rank, world_size, fn):
-    try:
-        got = fn(_replica(rank))
-    except NotImplementedError:
-        return NOT_ATTEMPTED
-    return list(got)
-
-
-def _differing_hint(results: list, world_size: int) -> str:
-    if any(sorted(r) != sorted(results[0]) for r in results):
-        return ("the ranks returned different lists. A tensor differs if any "
-                "two ranks disagree, and every rank must learn that: gather "
-                "every rank's tensor (dist.all_gather) and compare them all.")
-    got = set(results[0])
-    if world_size > 1 and "0.weight" not in got:
-        return ("rank 1's 0.weight holds rank 0's values with two rows "
-                "swapped: the same sum and norm. Compare the values "
-                "themselves (all_gather the tensors), not a sum or a norm.")
-    if world_size > 2 and "0.bias" not in got:
-        return ("rank 2's 0.bias differs in the last bit of one number. "
-                "Replicas must be bit for bit the same: use torch.equal, not "
-                "allclose or a tolerance.")
-    if world_size > 2 and "1.running_mean" not in got:
-        return ("buffers drift too (here a BatchNorm's running mean): check "
-                "model.named_buffers() as well as model.named_parameters().")
-    return ("return the names (as in named_parameters() and named_buffers()) "
-            "of the tensors that are not equal on every rank, and only those.")
-
-
-def check_differing_tensors(fn) -> Verdict:
-    for world_size in (2, 3):
-        results, problem = run_learner_code(_differing_on_ranks, world_size, fn)
-        if problem:
-            return problem
-        want = WHERE_THEY_DIFFER[:1] if world_size == 2 else WHERE_THEY_DIFFER
-        if all(sorted(r) == sorted(want) for r in results):
-            continue
-        return Verdict(WRONG, (f"on {world_size} ranks, expected {want} on every "
-                               f"rank, got {results} (one list per rank).\nHint: "
-                               + _differing_hint(results, world_size)))
-    return Verdict(CORRECT, "found the swapped rows, the one-bit bias and the "
-                            "drifted buffer, on every rank, with 2 and 3 ranks.")
-
-
-# ---- nonfinite_ranks --------------------------------------------------------
-
-LOSS_CASES = [  # the loss on ranks 0, 1, 2
-    (1.5, math.nan, 0.25),
-    (1.5, 2.0, math.inf),
-    (1.5, 2.0, 0.25),
-    (math.nan, 2.0, -math.inf),
-]
-
-
-def _nonfinite_on_ranks(rank, world_size, fn):
-    found = []
-    for losses in LOSS_CASES:
-        try:
-            found.append(list(fn(torch.tensor(losses[rank]))))
-        except NotImplementedError:
-            return NOT_ATTEMPTED
-    return found
-
-
-def check_nonfinite_ranks(fn) -> Verdict:
-    results, problem = run_learner_code(_nonfinite_on_ranks, 3, fn)
-    if problem:
-        return problem
-    for case, losses in enumerate(LOSS_CASES):
-        want = [r for r, loss in enumerate(losses) if not math.isfinite(loss)]
-        got = [per_rank[case] for per_rank in results]
-        if all(g == want for g in got):
-            continue
-        shown = (f"losses {list(losses)} on ranks 0, 1, 2: expected {want} on "
-                 f"every rank, got {got} (one list per rank).\nHint: ")
-        return Verdict(WRONG, shown + _nonfinite_hint(got, want, losses))
-    return Verdict(CORRECT, "named the ranks with a NaN, an inf or a -inf, and "
-                            "none when all were finite, on every rank.")
-
-
-def _nonfinite_hint(got, want, losses) -> str:
-    if any(g != got[0] for g in got):
-        return ("the ranks answered differently: each knows only its own loss. "
-                "All-gather (or all-reduce) a flag per rank so that every rank "
-                "learns about all of them.")
-    if want and got[0] == [0, 1, 2]:
-        return ("every rank is named: the NaN went through a collective "
-                "(all-reduce of the loss) and reached all ranks, which is the "
-                "very thing that hides where it started. Communicate a 0/1 "
-                "flag per rank, not the loss.")
-    if got[0] == [r for r, loss in enumerate(losses) if math.isnan(loss)]:
-        return ("an inf is not a NaN (and inf == inf): test with "
-                "torch.isfinite, which catches NaN, inf and -inf.")
-    return ("flag = not torch.isfinite(loss); gather every rank's flag; "
-            "return the ranks whose flag is set, in order.")
+        if set(got) == set(bare):
+            return Verdict(WRONG, f"for {name}, the keys are right but some values "
+                           "are not the ones given.\nHint: keep each value as it "
+                           "is; only the keys change.")
+        return Verdict(WRONG, f"for {name}, expected the keys {list(bare)}, got "
+                       f"{list(got)}.\nHint: " + _prefix_hint(given, got))
+    fresh = _bare_models()[0]
+    fresh.load_state_dict(fn({"module." + k: v for k, v in wrapped_model.state_dict().items()}))
+    return Verdict(CORRECT, "a DDP state dict loads into the bare model (names "
+                            "with 'module' inside, and a submodule called "
+                            "module, kept), and a bare state dict is left as it was.")
 
 
 register(Exercise(
@@ -256,35 +225,17 @@ register(Exercise(
     "dataset_mean", "ddp_teach.debugging:dataset_mean", check_dataset_mean,
     ["A mean of means is wrong as soon as ranks hold different numbers of "
      "values: add up the values and count them, over every rank.",
-     "t = torch.stack([local_losses.sum(), torch.tensor(float(local_losses.numel()))])"
-     "; dist.all_reduce(t) adds both over the ranks.",
-     "Return t[0] / t[1]."]))
+     "One all-reduce can carry both: a tensor holding this rank's sum and "
+     "its count. A rank with no values adds 0 and 0.",
+     "Divide once, at the end: total sum over total count."]))
 register(Exercise(
     "strip_ddp_prefix", "Loading a DDP checkpoint into a bare model",
     "strip_ddp_prefix", "ddp_teach.debugging:strip_ddp_prefix",
     check_strip_ddp_prefix,
     ["DDP holds your model as its attribute `module`, so its state dict's "
      "keys are yours with 'module.' in front.",
-     "Remove it only at the start of a key: other parts of a name may "
-     "contain 'module.' too.",
-     "return {key.removeprefix('module.'): value for key, value in "
-     "state_dict.items()}"]))
-register(Exercise(
-    "differing_tensors", "Which tensors differ between replicas",
-    "differing_tensors", "ddp_teach.debugging:differing_tensors",
-    check_differing_tensors,
-    ["Every rank must see every rank's copy of a tensor: dist.all_gather "
-     "gives them all.",
-     "For each (name, tensor) in named_parameters() and then "
-     "named_buffers(): gather, and keep the name if any copy is not "
-     "torch.equal to rank 0's.",
-     "Use torch.equal, not allclose: replicas drift from the last bit on."]))
-register(Exercise(
-    "nonfinite_ranks", "Which ranks have a NaN or inf loss",
-    "nonfinite_ranks", "ddp_teach.debugging:nonfinite_ranks",
-    check_nonfinite_ranks,
-    ["Do not all-reduce the loss itself: that spreads the NaN everywhere.",
-     "flag = torch.tensor([0 if torch.isfinite(loss).all() else 1]); "
-     "gather every rank's flag with dist.all_gather.",
-     "Return [rank for rank, flag in enumerate(flags) if flag]."],
-    stub_parameters=("loss",)))
+     "Remove it only at the start of a key, and only once: other parts of a "
+     "name may contain 'module.' too. str.lstrip removes characters, not a "
+     "word.",
+     "str.removeprefix(prefix) (Python 3.9+) removes a leading prefix, and "
+     "leaves a key without it as it is."]))

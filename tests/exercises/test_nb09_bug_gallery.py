@@ -1,5 +1,9 @@
-"""Notebook 09's planted mistakes (PLANTED, run by test_registry.py, which
-also checks every reference and stub): each must get the hint that fits."""
+"""Notebook 09's metric and checkpoint exercises: planted mistakes (PLANTED,
+run by test_registry.py, which also checks every reference and stub), each
+of which must get the hint that names it. The first group of each exercise
+breaks one property each of those the checker's docstring lists; the second
+group are mistakes found by trying the exercise again, after the checker
+was written."""
 import torch
 import torch.distributed as dist
 
@@ -28,6 +32,39 @@ def local_mean(local_losses):
     return local_losses.mean()
 
 
+def nan_on_the_empty_rank(local_losses):
+    """Sums and counts, but each rank's sum made from its mean: 0/0 on a
+    rank with no values."""
+    n = float(local_losses.numel())
+    both = torch.stack([local_losses.mean() * n, torch.tensor(n)])
+    dist.all_reduce(both)
+    return both[0] / both[1]
+
+
+# second attempt: mistakes of our own, not in the list above
+
+def reduced_to_rank_0_only(local_losses):
+    both = torch.stack([local_losses.sum(), torch.tensor(float(local_losses.numel()))])
+    dist.reduce(both, dst=0)
+    return both[0] / both[1]
+
+
+def divides_by_the_world_size(local_losses):
+    total = local_losses.sum()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
+
+
+def centres_the_callers_tensor(local_losses):
+    """Right mean, but the caller's values centred in place (for a variance
+    computed next)."""
+    both = torch.stack([local_losses.sum(), torch.tensor(float(local_losses.numel()))])
+    dist.all_reduce(both)
+    mean = both[0] / both[1]
+    local_losses.sub_(mean)
+    return mean
+
+
 # ---- strip_ddp_prefix -------------------------------------------------------------
 
 def replace_everywhere(state_dict):
@@ -42,61 +79,34 @@ def keeps_the_prefix(state_dict):
     return dict(state_dict)
 
 
-# ---- differing_tensors ------------------------------------------------------------
-
-def _gathered(tensor):
-    copies = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(copies, tensor.detach().contiguous())
-    return copies
+def strips_characters_with_lstrip(state_dict):
+    return {key.lstrip("module."): value for key, value in state_dict.items()}
 
 
-def compares_sums(model):
-    named = list(model.named_parameters()) + list(model.named_buffers())
-    return [name for name, t in named
-            if len({s.item() for s in _gathered(t.detach().double().sum())}) > 1]
+# second attempt: mistakes of our own, not in the list above
+
+def splits_at_module(state_dict):
+    return {key.split("module.")[-1]: value for key, value in state_dict.items()}
 
 
-def compares_with_allclose(model):
-    named = list(model.named_parameters()) + list(model.named_buffers())
-    return [name for name, t in named
-            if not all(torch.allclose(c, t) for c in _gathered(t))]
+def strips_every_leading_module(state_dict):
+    renamed = {}
+    for key, value in state_dict.items():
+        while key.startswith("module."):
+            key = key[len("module."):]
+        renamed[key] = value
+    return renamed
 
 
-def parameters_only(model):
-    return [name for name, t in model.named_parameters()
-            if not all(torch.equal(c, t) for c in _gathered(t))]
+def renames_in_place(state_dict):
+    for key in list(state_dict):
+        state_dict[key.removeprefix("module.")] = state_dict.pop(key)
+    return state_dict
 
 
-def against_rank_0_only_on_rank_0(model):
-    """Each rank compares its own copy with rank 0's broadcast: rank 0 never
-    sees a difference, the others see only their own."""
-    named = list(model.named_parameters()) + list(model.named_buffers())
-    found = []
-    for name, t in named:
-        reference = t.detach().clone()
-        dist.broadcast(reference, src=0)
-        if not torch.equal(reference, t):
-            found.append(name)
-    return found
-
-
-# ---- nonfinite_ranks --------------------------------------------------------------
-
-def all_reduces_the_loss(loss):
-    total = loss.clone()
-    dist.all_reduce(total)
-    bad = not torch.isfinite(total)
-    return list(range(dist.get_world_size())) if bad else []
-
-
-def only_itself(loss):
-    return [dist.get_rank()] if not torch.isfinite(loss) else []
-
-
-def nan_but_not_inf(loss):
-    flags = [torch.zeros(1) for _ in range(dist.get_world_size())]
-    dist.all_gather(flags, torch.tensor([float(bool(loss != loss))]))
-    return [rank for rank, flag in enumerate(flags) if flag.item()]
+def copies_the_values_wrongly(state_dict):
+    return {key.removeprefix("module."): torch.zeros_like(value)
+            for key, value in state_dict.items()}
 
 
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
@@ -104,14 +114,16 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("dataset_mean", sum_only, "that is the sum over every rank"),
     ("dataset_mean", assumes_equal_counts, "assumes every rank holds as many"),
     ("dataset_mean", local_mean, "this rank's own mean"),
+    ("dataset_mean", nan_on_the_empty_rank, ("NaN: rank 2 holds no values", "0/0")),
+    ("dataset_mean", reduced_to_rank_0_only, "dist.reduce?"),
+    ("dataset_mean", divides_by_the_world_size, "number of RANKS"),
+    ("dataset_mean", centres_the_callers_tensor, "the right mean, but your function changed the caller's local_losses"),
     ("strip_ddp_prefix", replace_everywhere, "replace() removed 'module.' everywhere"),
     ("strip_ddp_prefix", cuts_seven_characters, "these keys had no prefix"),
     ("strip_ddp_prefix", keeps_the_prefix, "still start with 'module.'"),
-    ("differing_tensors", compares_sums, "two rows swapped"),
-    ("differing_tensors", compares_with_allclose, "not allclose"),
-    ("differing_tensors", parameters_only, "buffers drift too"),
-    ("differing_tensors", against_rank_0_only_on_rank_0, "the ranks returned different lists"),
-    ("nonfinite_ranks", all_reduces_the_loss, "the NaN went through a collective"),
-    ("nonfinite_ranks", only_itself, "the ranks answered differently"),
-    ("nonfinite_ranks", nan_but_not_inf, "an inf is not a NaN"),
+    ("strip_ddp_prefix", strips_characters_with_lstrip, ("str.lstrip('module.')", "bed.weight")),
+    ("strip_ddp_prefix", splits_at_module, "key.split('module.') cuts"),
+    ("strip_ddp_prefix", strips_every_leading_module, "removed more than once"),
+    ("strip_ddp_prefix", renames_in_place, "changed the dict it was given"),
+    ("strip_ddp_prefix", copies_the_values_wrongly, "keep each value as it is"),
 ]

@@ -1,0 +1,227 @@
+"""Checkers for notebook 09's replica tools: `differing_tensors` (which
+parameters and buffers differ between ranks) and `nonfinite_ranks` (on
+which ranks a loss is NaN or inf).
+
+What each reference (in ddp_teach/debugging.py) guarantees, each property
+checked on real ranks with the hint that names the mistake breaking it:
+
+`differing_tensors(model)`, on 2 and 3 ranks:
+- a tensor differs if its bytes differ on any two ranks: two rows swapped
+  (same sum, same norm), one number one bit off (allclose would pass it);
+- a tensor that went NaN in the same places on every rank (as the
+  all-reduce of section 6 makes it) is the same on every rank, although
+  NaN == NaN is False (torch.equal would call it different);
+- buffers count as well as parameters, named as `named_parameters()` and
+  `named_buffers()` name them;
+- every rank returns the same list (each compares all ranks' copies).
+
+`nonfinite_ranks(loss)`, on 3 ranks with NaN, inf, -inf and finite losses:
+- the ranks whose loss is NaN, inf or -inf, in order, on every rank;
+- found from a flag per rank: neither the loss itself communicated (the
+  all-reduce spreads the NaN) nor a flag reduced to one (that says whether
+  SOME rank is bad, not which);
+- the loss left as it was (it is backpropagated next).
+"""
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_teach.exercises.harness import run_learner_code
+from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG,
+                                         Exercise, Verdict, register)
+
+# ---- differing_tensors ------------------------------------------------------
+
+WHERE_THEY_DIFFER = ["0.weight", "0.bias", "1.running_mean"]
+
+
+def _replica(rank: int) -> nn.Module:
+    """Three replicas that were meant to be equal. Rank 1's weight has two
+    rows swapped (same sum, same norm); rank 2's bias is one bit off, and
+    its BatchNorm ran on other data (a buffer, not a parameter). Every
+    rank's BatchNorm weight holds a NaN in the same place: equal."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    with torch.no_grad():
+        model[1].weight[2] = math.nan
+        if rank == 1:
+            model[0].weight.copy_(model[0].weight[[1, 0, 2, 3]])
+        if rank == 2:
+            bias = model[0].bias
+            bias[0] = torch.nextafter(bias[0], torch.tensor(math.inf))
+            model[1].running_mean.fill_(0.5)
+    return model
+
+
+def _differing_on_ranks(rank, world_size, fn):
+    try:
+        got = fn(_replica(rank))
+    except NotImplementedError:
+        return NOT_ATTEMPTED
+    return list(got)
+
+
+def _differing_hint(results: list, world_size: int) -> str:
+    if any(sorted(r) != sorted(results[0]) for r in results):
+        return ("the ranks returned different lists. A tensor differs if any "
+                "two ranks disagree, and every rank must learn that: gather "
+                "every rank's tensor (dist.all_gather) and compare them all.")
+    got = set(results[0])
+    if "1.weight" in got:
+        return ("1.weight holds a NaN in the same place on every rank, so the "
+                "replicas agree bit for bit, but NaN == NaN is False (and "
+                "torch.equal says no). Compare the bytes: e.g. torch.equal("
+                "a.view(torch.uint8), b.view(torch.uint8)) on flattened copies.")
+    if world_size > 1 and "0.weight" not in got:
+        return ("rank 1's 0.weight holds rank 0's values with two rows "
+                "swapped: the same sum and, but for rounding, the same norm. "
+                "Compare the values themselves (all_gather the tensors), not "
+                "a sum or a norm.")
+    if world_size > 2 and "0.bias" not in got:
+        return ("rank 2's 0.bias differs in the last bit of one number: a "
+                "sum, a norm or allclose can miss it. Replicas must be bit for "
+                "bit the same: compare the values exactly, not with allclose "
+                "or a tolerance.")
+    if world_size > 2 and "1.running_mean" not in got:
+        return ("buffers drift too (here a BatchNorm's running mean): check "
+                "model.named_buffers() as well as model.named_parameters().")
+    return ("return the names (as in named_parameters() and named_buffers()) "
+            "of the tensors that are not equal on every rank, and only those.")
+
+
+def check_differing_tensors(fn) -> Verdict:
+    for world_size in (2, 3):
+        results, problem = run_learner_code(_differing_on_ranks, world_size, fn)
+        if problem:
+            return problem
+        want = WHERE_THEY_DIFFER[:1] if world_size == 2 else WHERE_THEY_DIFFER
+        if all(sorted(r) == sorted(want) for r in results):
+            continue
+        return Verdict(WRONG, (f"on {world_size} ranks, expected {want} on every "
+                               f"rank, got {results} (one list per rank).\nHint: "
+                               + _differing_hint(results, world_size)))
+    return Verdict(CORRECT, "found the swapped rows, the one-bit bias and the "
+                            "drifted buffer, not the NaN that every rank holds "
+                            "alike, on every rank, with 2 and 3 ranks.")
+
+
+# ---- nonfinite_ranks --------------------------------------------------------
+
+LOSS_CASES = [  # the loss on ranks 0, 1, 2
+    (1.5, math.nan, 0.25),
+    (1.5, 2.0, math.inf),
+    (1.5, 2.0, 0.25),
+    (math.nan, 2.0, -math.inf),
+]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN."""
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _nonfinite_on_ranks(rank, world_size, fn):
+    found, reduced, changed = [], set(), False
+    real = dist.all_reduce
+
+    def spy(tensor, *args, **kwargs):  # notes what was all-reduced
+        reduced.add("loss" if tensor.numel() == 1 and _same(tensor.detach().reshape(()), value)
+                    else "flag")
+        return real(tensor, *args, **kwargs)
+    dist.all_reduce = spy
+    try:
+        for losses in LOSS_CASES:
+            value = torch.tensor(losses[rank])
+            loss = torch.tensor(losses[rank], requires_grad=True) * 1.0  # as a loss is
+            try:
+                found.append(list(fn(loss)))
+            except NotImplementedError:
+                return NOT_ATTEMPTED
+            changed = changed or not _same(loss.detach(), value)
+    finally:
+        dist.all_reduce = real
+    return {"found": found, "reduced": sorted(reduced), "changed": changed}
+
+
+def check_nonfinite_ranks(fn) -> Verdict:
+    results, problem = run_learner_code(_nonfinite_on_ranks, 3, fn)
+    if problem:
+        return problem
+    for case, losses in enumerate(LOSS_CASES):
+        want = [r for r, loss in enumerate(losses) if not math.isfinite(loss)]
+        got = [per_rank["found"][case] for per_rank in results]
+        if all(g == want for g in got):
+            continue
+        shown = (f"losses {list(losses)} on ranks 0, 1, 2: expected {want} on "
+                 f"every rank, got {got} (one list per rank).\nHint: ")
+        return Verdict(WRONG, shown + _nonfinite_hint(got, want, results[0]))
+    if any(r["changed"] for r in results):
+        return Verdict(WRONG, "the right ranks, but your function changed the "
+                       "loss it was given (an in-place all_reduce or "
+                       "nan_to_num_ on it?), and the training step "
+                       "backpropagates that loss next.\nHint: communicate a "
+                       "new tensor (a flag), and leave the loss alone.")
+    return Verdict(CORRECT, "named the ranks with a NaN, an inf or a -inf, and "
+                            "none when all were finite, on every rank, the "
+                            "loss left as it was.")
+
+
+FLAG_MISTAKES = [  # (which losses the mistake flags, the hint that names it)
+    (math.isnan, "an inf is not a NaN (and inf == inf): test with "
+     "torch.isfinite, which catches NaN, inf and -inf."),
+    (lambda loss: math.isnan(loss) or loss == math.inf, "-inf counts too: test "
+     "with torch.isfinite, which catches NaN, inf and -inf, rather than "
+     "comparing with inf."),
+    (math.isinf, "a NaN is not an inf: test with torch.isfinite, which catches "
+     "NaN, inf and -inf."),
+]
+
+
+def _nonfinite_hint(got, want, seen) -> str:
+    """The hint for `got` (one list per rank) on a failing case; `seen`
+    is rank 0's record over every case."""
+    if any(g != got[0] for g in got):
+        return ("the ranks answered differently: each knows only its own loss. "
+                "All-gather a flag per rank so that every rank learns about all "
+                "of them.")
+    if want and got[0] == [0, 1, 2]:
+        if "loss" in seen["reduced"]:
+            return ("every rank is named: the NaN went through a collective "
+                    "(all-reduce of the loss) and reached all ranks, which is "
+                    "the very thing that hides where it started. Communicate a "
+                    "0/1 flag per rank, not the loss.")
+        return ("every rank is named: an all-reduce of a flag (MAX or SUM) "
+                "says whether SOME rank is bad, not which. Gather one flag "
+                "per rank (dist.all_gather) and return the ranks whose flag "
+                "is set.")
+    for flagged, hint in FLAG_MISTAKES:
+        if all(found == [r for r, loss in enumerate(losses) if flagged(loss)]
+               for found, losses in zip(seen["found"], LOSS_CASES)):
+            return hint
+    return ("flag = not torch.isfinite(loss); gather every rank's flag; "
+            "return the ranks whose flag is set, in order.")
+
+
+register(Exercise(
+    "differing_tensors", "Which tensors differ between replicas",
+    "differing_tensors", "ddp_teach.debugging:differing_tensors",
+    check_differing_tensors,
+    ["Every rank must see every rank's copy of a tensor: dist.all_gather "
+     "gives them all.",
+     "For each (name, tensor) in named_parameters() and then "
+     "named_buffers(): gather, and keep the name if any copy's bytes differ "
+     "from rank 0's.",
+     "Compare bytes, not values: allclose misses the last bit, and NaN == NaN "
+     "is False. tensor.view(torch.uint8) shows a tensor's bytes."]))
+register(Exercise(
+    "nonfinite_ranks", "Which ranks have a NaN or inf loss",
+    "nonfinite_ranks", "ddp_teach.debugging:nonfinite_ranks",
+    check_nonfinite_ranks,
+    ["Do not all-reduce the loss itself: that spreads the NaN everywhere.",
+     "A 0/1 flag per rank (is this rank's loss finite?), gathered from every "
+     "rank with dist.all_gather, says which ranks went bad.",
+     "Return the ranks whose flag is set, in rank order; leave the loss "
+     "as it was."],
+    stub_parameters=("loss",)))
