@@ -195,8 +195,8 @@ def _results_hint(seen, world_size, rank_sums, local) -> str | None:
     if holds([s / world_size for s in rank_sums]):
         if any(c["average"] for c in seen["calls"]):
             return ("op=ReduceOp.AVG averaged in the all-reduce. That is a "
-                    "valid way elsewhere (NCCL averages natively, gloo in "
-                    "recent torch sums then divides), but here the step "
+                    "valid way elsewhere (NCCL averages natively; gloo sums, "
+                    "then divides), but here the step "
                     "after backward divides by the world size, so your "
                     "gradients end up divided twice. Leave op at its "
                     "default, SUM.")
