@@ -27,10 +27,11 @@ requests, and what this module does about it:
   became `all_gather_single` and `reduce_scatter_tensor` became
   `reduce_scatter_single` (pytorch/pytorch#186123, "Rename distributed
   collective ops to _single naming scheme"); the old names stay as
-  deprecated aliases. The course calls the new names; on an older torch
-  `install_shims` gives `torch.distributed` the new names, each calling the
-  old function with the same arguments (the old names date from torch 1.13:
-  pytorch/pytorch#85686 for the all-gather).
+  deprecated aliases; the old names date from torch 1.13 (pytorch/pytorch
+  #85686 for the all-gather). The course calls the new names; on an older
+  torch `install_shims` gives `torch.distributed` the new names, each
+  calling the old function with the same arguments, and `traced_name`
+  gives torch's own calls of the old names the new names in a trace.
 - torch 2.13 added DistributedDataParallel's `forward_sync_buffers` and
   deprecated `broadcast_buffers` (torch/nn/parallel/distributed.py). Both
   turn off the copy of rank 0's buffers at every forward; only at
@@ -198,6 +199,15 @@ def install_shims(modules=None) -> list:
             module.all_to_all = shim
         added.append("all_to_all")
     return added
+
+
+def traced_name(name: str) -> str:
+    """The name a trace gives the torch.distributed call `name`: torch
+    2.13's on every torch, so that a timeline of torch's own FSDP2 (which
+    calls the old names before 2.13) reads the same everywhere."""
+    if TORCH < (2, 13):
+        return {old: new for new, old in RENAMED_COLLECTIVES.items()}.get(name, name)
+    return name
 
 
 def register_meta_collectives() -> None:

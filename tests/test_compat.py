@@ -325,3 +325,13 @@ def test_the_all_to_all_shim_sends_what_the_list_form_sends():
     for returned, received, real in dt.run(
             all_to_all_where_the_list_form_is_refused, 3, backend="gloo", timeout=60):
         assert returned is None and received == real
+
+
+@pytest.mark.parametrize("torch_version, expected", [
+    ((2, 9), ["all_gather_single", "reduce_scatter_single", "all_reduce"]),
+    ((2, 13), ["all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"])])
+def test_traces_call_the_old_collectives_by_their_2_13_names_before_2_13(
+        monkeypatch, torch_version, expected):
+    monkeypatch.setattr(compat, "TORCH", torch_version)
+    names = ["all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"]
+    assert [compat.traced_name(n) for n in names] == expected
