@@ -13,44 +13,26 @@ over gloo, so every result stays real; but each rank keeps a VIRTUAL clock:
   the channel is free (calls queue in issue order), and `wait()` moves the
   compute stream to its end.
 
+That is `Simulation(device, link)`, a lecture's model. `Simulation(device,
+cluster=...)` is a real cluster's (`simulation`): nodes joined by NICs,
+collectives as NCCL runs them (`cluster`, `nccl`, `comm`), kernels as fast
+as real ones, not as the datasheet (`efficiency`), and a host that issues
+each operation.
+
 The same program gives the same virtual times on any machine, under any
 load. `predict` gives the textbook cases from the same numbers, and
 `one_rank` runs one rank of thousands in this process, on the meta device.
 `SimulatedGPUs` gives ONE process several simulated devices, for
 DataParallel (`ddp_teach.dp`), whose threads share Python's GIL.
 """
-from dataclasses import dataclass
-
-from ddp_teach.cost import Link
-from ddp_teach.sim import predict
+from ddp_teach.sim import nccl, predict
+from ddp_teach.sim.cluster import CLUSTERS, Cluster, cluster
+from ddp_teach.sim.efficiency import Achieved
 from ddp_teach.sim.gpus import SimulatedGPUs
-from ddp_teach.sim.one_rank import one_rank
 from ddp_teach.sim.hardware import DEVICES, LINKS, Device, device, link
-
-
-@dataclass(frozen=True)
-class Simulation:
-    """What `dt.run(..., simulate=)` simulates: a device per rank and the
-    link between them, by preset name or as a `Device` / `cost.Link`."""
-    device: Device
-    link: Link
-
-    def __init__(self, device_spec="A100 80GB", link_spec="NVLink 4"):
-        object.__setattr__(self, "device", device(device_spec))
-        object.__setattr__(self, "link", link(link_spec))
-
-    @property
-    def link_name(self) -> str:
-        return next((name for name, preset in LINKS.items() if preset == self.link),
-                    f"a link of {self.link.alpha * 1e6:g} us, "
-                    f"{self.link.bandwidth / 1e9:g} GB/s")
-
-    @property
-    def label(self) -> str:
-        """What a plot of this run's time says, e.g. "simulated A100 80GB +
-        NVLink 4"."""
-        return f"simulated {self.device.name} + {self.link_name}"
-
+from ddp_teach.sim.one_rank import one_rank
+from ddp_teach.sim.simulation import Simulation
 
 __all__ = ["Simulation", "Device", "DEVICES", "LINKS", "device", "link", "predict",
-           "one_rank", "SimulatedGPUs"]
+           "one_rank", "SimulatedGPUs", "Cluster", "CLUSTERS", "cluster", "Achieved",
+           "nccl"]

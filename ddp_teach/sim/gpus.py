@@ -21,7 +21,7 @@ The arithmetic is done for real on the CPU; the time is modelled:
 - Device streams. An operation runs on the device of its first tensor
   argument (tensors start on device 0, where DataParallel keeps the module
   and the batch), after it was issued and after the stream's previous
-  operation, for its roofline time (`hardware.Device.op_seconds`). The
+  operation, for its time on the simulated device (`charges`). The
   host does not wait for it: a GPU runs behind its host. `.item()` and
   `synchronize()` wait.
 - Backward. On GPUs autograd's engine runs each device's part of the graph
@@ -30,7 +30,8 @@ The arithmetic is done for real on the CPU; the time is modelled:
   their stream time only.
 - Copies. `SimulatedGPU.receive` moves a tensor between devices (what
   `.to("cuda:1")` does): each GPU has one port to the link, a copy keeps
-  both ends' ports busy for alpha + bytes * beta (`cost.Link`), and the
+  both ends' ports busy for one message's time (alpha + bytes * beta on a
+  `cost.Link`; on a cluster, `Simulation.p2p_seconds`), and the
   destination's stream waits for it. Its backward sends the gradient back.
 
 What it leaves out: copies and kernels that could share a port or a device
@@ -48,7 +49,8 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ddp_teach.sim.runtime import FREE_OPS, in_backward, op_seconds, tensors_in
+from ddp_teach.sim.charges import FREE_OPS, kernel_seconds, tensors_in
+from ddp_teach.sim.works import in_backward
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 from ddp_teach.tracing.timeline import Timeline
 
@@ -229,8 +231,8 @@ class SimulatedGPUs:
             return
         issued = self._issue(host, device)
         start = max(issued, self._streams[device])
-        end = self._streams[device] = start + op_seconds(
-            self.simulation.device, func, args, kwargs, out)
+        end = self._streams[device] = start + kernel_seconds(
+            self.simulation, func, args, kwargs, out)
         phase = ("optimizer" if self._in_optimizer else
                  "backward" if in_backward() else "forward")
         stretch = self._stretches.get(device)
@@ -273,11 +275,10 @@ class SimulatedGPUs:
             self._local.charging = True
         issued = self._issue(host, target)
         if source != target:
-            link = self.simulation.link
             nbytes = tensor.numel() * tensor.element_size()
             start = max(issued, self._streams[source], self._ports[source],
                         self._ports[target])
-            end = start + link.alpha + nbytes * link.beta
+            end = start + self.simulation.p2p_seconds(nbytes, source, target)
             self._ports[source] = self._ports[target] = end
             self._streams[target] = max(self._streams[target], end)
             name = f"{label} {source}\u2192{target}"

@@ -13,7 +13,10 @@ tensor, 67 TFLOP/s fp32, 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s in both
 directions together); NVIDIA A100 Tensor Core GPU datasheet (80GB SXM: 312
 TFLOP/s bf16/fp16 tensor, 19.5 TFLOP/s fp32, 2,039 GB/s HBM2e); NVIDIA Ada
 Lovelace architecture whitepaper (GeForce RTX 4090: 165 TFLOP/s fp16/bf16
-tensor with fp32 accumulate, 82.6 TFLOP/s fp32, 1,008 GB/s GDDR6X, 24 GB).
+tensor with fp32 accumulate, 82.6 TFLOP/s fp32, 1,008 GB/s GDDR6X, 24 GB);
+NVIDIA V100 Tensor Core GPU datasheet (SXM2 32GB: 125 TFLOP/s fp16 tensor,
+15.7 TFLOP/s fp32, 900 GB/s; no bf16); NVIDIA T4 datasheet (65 TFLOP/s fp16
+tensor, 8.1 TFLOP/s fp32, 320 GB/s GDDR6, 16 GB; no bf16).
 fp32 matrix products count at the fp32 rate, as in PyTorch, which leaves TF32
 off for them (`torch.backends.cuda.matmul.allow_tf32 = False`). Link
 bandwidths are per direction: NVLink 4 450 GB/s, PCIe 4.0 x16 31.5 GB/s
@@ -24,23 +27,30 @@ datasheet numbers: they are the orders of magnitude that measurements report
 (a CUDA kernel launch costs a few microseconds; NCCL's small-message
 latency is microseconds inside a node, tens of them across Ethernet). They
 are parameters: build a `Device` or a `Link` of your own to change them.
+
+Each preset also carries `achieved`: what real kernels reach on it
+(`ddp_teach.sim.efficiency`), which a `Simulation(compute="achieved")`
+charges instead of the datasheet roofline.
 """
 import math
 from dataclasses import dataclass, field
 
 from ddp_teach.cost import Link
+from ddp_teach.sim.efficiency import ACHIEVED, Achieved
 
 TFLOPS, GBPS = 1e12, 1e9
 
 
 @dataclass(frozen=True)
 class Device:
-    """An accelerator: peak FLOP/s per dtype, memory bandwidth, launch cost."""
+    """An accelerator: peak FLOP/s per dtype, memory bandwidth, launch cost;
+    and what real kernels reach on it (None: not known)."""
     name: str
     flops: dict = field(hash=False)   # dtype name -> peak FLOP/s
     memory_bandwidth: float           # bytes per second
     memory_bytes: float
     launch_s: float = 5e-6
+    achieved: Achieved | None = None
 
     def __post_init__(self):
         if "float32" not in self.flops:
@@ -52,6 +62,9 @@ class Device:
                                  f"be finite and > 0; got {value!r}")
         if not (self.launch_s >= 0 and math.isfinite(self.launch_s)):
             raise ValueError(f"launch_s must be >= 0 seconds; got {self.launch_s!r}")
+        if self.achieved is not None and not isinstance(self.achieved, Achieved):
+            raise TypeError("achieved must be a ddp_teach.sim.efficiency.Achieved "
+                            f"or None; got {type(self.achieved).__name__}")
 
     def op_seconds(self, flops: float, nbytes: float, dtype: str = "float32") -> float:
         """The roofline time of one kernel: launch, then arithmetic or memory
@@ -64,15 +77,25 @@ DEVICES = {
     "H100 SXM": Device("H100 SXM", {"float32": 66.9 * TFLOPS,
                                      "bfloat16": 989.4 * TFLOPS,
                                      "float16": 989.4 * TFLOPS},
-                       memory_bandwidth=3350 * GBPS, memory_bytes=80e9),
+                       memory_bandwidth=3350 * GBPS, memory_bytes=80e9,
+                       achieved=ACHIEVED["H100 SXM"]),
     "A100 80GB": Device("A100 80GB", {"float32": 19.5 * TFLOPS,
                                        "bfloat16": 312 * TFLOPS,
                                        "float16": 312 * TFLOPS},
-                        memory_bandwidth=2039 * GBPS, memory_bytes=80e9),
+                        memory_bandwidth=2039 * GBPS, memory_bytes=80e9,
+                        achieved=ACHIEVED["A100 80GB"]),
     "RTX 4090": Device("RTX 4090", {"float32": 82.6 * TFLOPS,
                                      "bfloat16": 165.2 * TFLOPS,
                                      "float16": 165.2 * TFLOPS},
-                       memory_bandwidth=1008 * GBPS, memory_bytes=24e9),
+                       memory_bandwidth=1008 * GBPS, memory_bytes=24e9,
+                       achieved=ACHIEVED["RTX 4090"]),
+    "V100 SXM2": Device("V100 SXM2", {"float32": 15.7 * TFLOPS,
+                                       "float16": 125 * TFLOPS},
+                        memory_bandwidth=900 * GBPS, memory_bytes=32e9,
+                        achieved=ACHIEVED["V100 SXM2"]),
+    "T4": Device("T4", {"float32": 8.1 * TFLOPS, "float16": 65 * TFLOPS},
+                 memory_bandwidth=320 * GBPS, memory_bytes=16e9,
+                 achieved=ACHIEVED["T4"]),
 }
 
 LINKS = {

@@ -6,26 +6,35 @@ compute stream, in virtual seconds from the start of the function:
 - `running()` puts a `TorchDispatchMode` around the learner's function, which
   sees every ATen operation (forward, the autograd engine's backward, the
   optimizer's update), lets the CPU compute it, and moves the clock by the
-  operation's roofline time on the simulated device: FLOPs from torch's own
-  `torch.utils.flop_counter` registry (matrix products, convolutions,
-  attention), bytes from its tensors. Views and allocations are free. The
-  time the CPU took never enters the clock.
+  operation's time on the simulated device (`charges`: a roofline at
+  datasheet peak, or what real kernels achieve). Views and allocations are
+  free. The time the CPU took never enters the clock. Meanwhile
+  scaled_dot_product_attention is charged as one fused kernel
+  (`attention`).
+- With achieved compute there is a host clock too: each operation costs the
+  host `host_s_per_op` to issue, and its kernel starts once it is issued and
+  the stream is free, so small kernels wait for the host. `.item()` and a
+  barrier make the host wait for the stream; a blocking collective makes
+  only the stream wait, as NCCL's do. Compute that runs while a collective
+  occupies the channel is slowed by `overlap_slowdown`.
 - `record_call` (every torch.distributed collective, wrapped as in a traced
   run) first exchanges, over the same group, each rank's issue time and when
   its communication channel is free; the collective starts at the latest of
-  them, lasts its alpha-beta time (`ddp_teach.cost.collective_time`) and
-  occupies the channel until then, so calls queue in issue order. A
-  blocking send or recv does the same with its one peer. Only then is the
-  real call made, so real data still moves. A blocking call moves the
-  clock to the end; an async one returns a work whose `wait()` does, and a
-  future taken during backward moves it at the end of backward (when torch's
-  DDP waits for its buckets).
+  them, lasts the simulation's time for it (`Simulation.collective_seconds`:
+  alpha-beta on a link, NCCL's algorithms on a cluster) and occupies the
+  channel until then, so calls queue in issue order. A blocking send or
+  recv does the same with its one peer. Only then is the real call made, so
+  real data still moves. A blocking call moves the clock to the end; an
+  async one returns a work whose `wait()` does, and a future taken during
+  backward moves it at the end of backward (when torch's DDP waits for its
+  buckets).
 
 Compute is recorded as one event per stretch of a phase ("forward",
 "backward", "optimizer"), in place of the program's own `span` and
 `trace_layers` marks; the clock only depends on the program and the tensor
 shapes, so the events are the same on any machine under any load.
 """
+import collections
 import contextlib
 import functools
 import inspect
@@ -35,9 +44,11 @@ import torch.distributed as dist
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
-from ddp_teach.cost import collective_time
+from ddp_teach.sim.attention import fused_attention
+from ddp_teach.sim.charges import FREE_OPS, kernel_seconds, tensors_in
+from ddp_teach.sim.efficiency import overlapped_end
+from ddp_teach.sim.works import VirtualWork, in_backward
 from ddp_teach.tracing.events import COMM, COMPUTE
 from ddp_teach.tracing.recorder import Recorder
 
@@ -54,10 +65,6 @@ COLLECTIVES = {
     "barrier": ("all_reduce", None),
 }
 POINT_TO_POINT = {"send": "dst", "recv": "src"}  # blocking; -> the peer
-FREE_OPS = {torch.ops.aten.empty, torch.ops.aten.empty_strided,
-            torch.ops.aten.empty_like, torch.ops.aten.detach,
-            torch.ops.aten.lift_fresh, torch.ops.aten.alias,
-            torch.ops.aten._unsafe_view, torch.ops.aten.set_}
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -67,14 +74,18 @@ class SimulatedRecorder(Recorder):
     def __init__(self, rank: int, simulation):
         super().__init__(rank)
         self.simulation = simulation
+        self.achieved = simulation.achieved  # None: datasheet peak, no host
         self.clock = 0.0       # the compute stream, virtual seconds
+        self.host = 0.0        # when the host has issued everything so far
         self.channel_free = 0.0
+        self._busy = collections.deque()  # (start, end) of collectives on it
         self.in_optimizer = 0  # depth of optimizer.step() calls
         self.charging = True   # False while the simulator does its own work
         self._stretch = None   # [phase, start, end] of the compute being recorded
 
     def now(self) -> float:
-        return self.clock
+        """When everything issued so far is done and issued."""
+        return max(self.clock, self.host)
 
     def mark(self, name, kind, start, end, nbytes=0) -> None:
         """The program's own marks (`span`, `trace_layers`) are left out:
@@ -85,7 +96,7 @@ class SimulatedRecorder(Recorder):
         hooks = [register_optimizer_step_pre_hook(lambda *_: self._enter_optimizer(1)),
                  register_optimizer_step_post_hook(lambda *_: self._enter_optimizer(-1))]
         try:
-            with _ChargeEveryOp(self):
+            with fused_attention(self), _ChargeEveryOp(self):
                 yield
         finally:
             for hook in hooks:
@@ -93,6 +104,28 @@ class SimulatedRecorder(Recorder):
 
     def _enter_optimizer(self, step: int) -> None:
         self.in_optimizer += step
+
+    def kernel(self, seconds: float) -> None:
+        """One kernel of `seconds` (alone on the GPU): issued by the host,
+        run on the compute stream, slowed where a collective runs beside it."""
+        achieved = self.achieved
+        if achieved is None:
+            self.compute(seconds)
+            return
+        self.host += achieved.host_s_per_op
+        start = max(self.host, self.clock)
+        self.wait_until(start)
+        self.compute(self._stretched(start, seconds, achieved.overlap_slowdown) - start)
+
+    def _stretched(self, start: float, work: float, slowdown: float) -> float:
+        busy = self._busy
+        while busy and busy[0][1] <= start:
+            busy.popleft()
+        return overlapped_end(start, work, busy, slowdown)
+
+    def sync_host(self) -> None:
+        """The host waits for the stream (`.item()`, a barrier)."""
+        self.host = max(self.host, self.clock)
 
     def compute(self, seconds: float) -> None:
         """Run `seconds` of work on the compute stream, in the current phase."""
@@ -130,19 +163,23 @@ class SimulatedRecorder(Recorder):
         bound = _signature(call).bind(*args, **kwargs)
         bound.apply_defaults()
         local.depth = 1
+        if self.achieved is not None:
+            self.host += self.achieved.host_s_per_op  # the launch
         try:
             if name in POINT_TO_POINT:
-                op, ranks = "send_recv", 2
                 nbytes = _nbytes(bound.arguments["tensor"])
                 start = self._agreed_with_peer(name, bound.arguments)
+                end = start + self.simulation.p2p_seconds(
+                    nbytes, self.rank, bound.arguments[POINT_TO_POINT[name]])
             else:
                 op, data = COLLECTIVES[name]
                 group = bound.arguments.get("group")
-                ranks = dist.get_world_size(group)
                 nbytes = _nbytes(bound.arguments.get(data)) if data else 0
                 start = self._agreed_start(group)
-            end = start + collective_time(op, nbytes, ranks, self.simulation.link)
+                end = start + self.simulation.collective_seconds(
+                    op, nbytes, _global_ranks(group))
             self.channel_free = end
+            self._busy.append((start, end))
             self.charging = False  # what the CPU backend does inside is the link's
             result = call(*args, **kwargs)  # the real data, moved for real
         finally:
@@ -155,7 +192,14 @@ class SimulatedRecorder(Recorder):
             return VirtualWork(result, end, self, tensor)
         self._close_stretch()  # compute before a blocking call is its own
         self.wait_until(end)   # event, even where the call takes no time
+        if name == "barrier":
+            self.sync_host()
         return result
+
+    def _issued(self) -> float:
+        """When a call issued now can start on this rank: the host has issued
+        it and the compute stream has done what came before."""
+        return max(self.clock, self.host)
 
     def _agreed_with_peer(self, name: str, arguments) -> float:
         """A blocking send or recv starts when both ends have issued it and
@@ -170,10 +214,10 @@ class SimulatedRecorder(Recorder):
                 "group_src / group_dst, is not modelled")
         group = arguments.get("group")
         if _is_fake(group):
-            return max(self.clock, self.channel_free)
+            return max(self._issued(), self.channel_free)
         self.charging = False  # bookkeeping, not the program's work
         try:
-            mine = torch.tensor([self.clock, self.channel_free], dtype=torch.float64)
+            mine = torch.tensor([self._issued(), self.channel_free], dtype=torch.float64)
             theirs = torch.empty_like(mine)
             if name == "send":
                 dist.send(mine, dst=peer, group=group)
@@ -189,10 +233,10 @@ class SimulatedRecorder(Recorder):
         """The latest of every rank's issue time and channel-free time: when
         the collective can start (one small real all-gather)."""
         if _is_fake(group):  # every rank is this one: nothing to learn
-            return max(self.clock, self.channel_free)
+            return max(self._issued(), self.channel_free)
         self.charging = False  # bookkeeping, not the program's work
         try:
-            mine = torch.tensor([self.clock, self.channel_free], dtype=torch.float64)
+            mine = torch.tensor([self._issued(), self.channel_free], dtype=torch.float64)
             every = mine.new_empty(2 * dist.get_world_size(group))
             dist.all_gather_single(every, mine, group=group)
             return float(every.max())
@@ -207,43 +251,6 @@ class SimulatedRecorder(Recorder):
         return sorted(self.events, key=lambda e: e.start)
 
 
-class VirtualWork:
-    """An async collective's work: `wait()` waits for the real data, then
-    moves the rank's compute stream to the collective's virtual end.
-
-    torch's fake process group (`dt.sim.one_rank`) completes every work
-    with the value None, where a real group's future holds the collective's
-    tensors; torch's DDP hooks read that value, so here the future holds
-    `tensor`, as a real group's would (its data stays this rank's)."""
-
-    def __init__(self, work, end: float, recorder: SimulatedRecorder,
-                 tensor=None):
-        self._work, self._end, self._recorder = work, end, recorder
-        self._tensor = tensor
-
-    def wait(self, *args, **kwargs):
-        result = self._work.wait(*args, **kwargs)
-        self._recorder.wait_until(self._end)
-        return result
-
-    def get_future(self):
-        end, recorder = self._end, self._recorder
-        if in_backward():  # torch's DDP waits
-            torch.autograd.Variable._execution_engine.queue_callback(  # at the
-                lambda: recorder.wait_until(end))                      # end
-        else:
-            recorder.wait_until(end)
-        future = self._work.get_future()
-        if isinstance(self._tensor, torch.Tensor) and future.done() \
-                and future.value() is None:  # the fake group's work
-            future = torch.futures.Future()
-            future.set_result([self._tensor])
-        return future
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
 class _ChargeEveryOp(TorchDispatchMode):
     """Moves the rank's clock by every ATen operation's simulated time."""
 
@@ -254,11 +261,20 @@ class _ChargeEveryOp(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if (self.recorder.charging and func.namespace == "aten"
+        recorder = self.recorder
+        if (recorder.charging and func.namespace == "aten"
                 and not func.is_view and func.overloadpacket not in FREE_OPS):
-            self.recorder.compute(op_seconds(self.recorder.simulation.device,
-                                             func, args, kwargs, out))
+            recorder.kernel(kernel_seconds(recorder.simulation, func, args, kwargs, out))
+            if func is torch.ops.aten._local_scalar_dense.default:  # .item()
+                recorder.sync_host()
         return out
+
+
+def _global_ranks(group) -> list:
+    """The global ranks of `group` (the default group when None)."""
+    if group is None or group is dist.GroupMember.WORLD:
+        return list(range(dist.get_world_size()))
+    return dist.get_process_group_ranks(group)
 
 
 def _is_fake(group) -> bool:
@@ -266,35 +282,6 @@ def _is_fake(group) -> bool:
     process stands for every rank, and all of them are assumed to issue
     each call when it does."""
     return dist.get_backend(group) == "fake"
-
-
-def in_backward() -> bool:
-    """True while the autograd engine runs a backward pass, its final
-    callbacks (where DDP finishes its buckets) included."""
-    return torch._C._current_graph_task_id() != -1
-
-
-def op_seconds(device, func, args, kwargs, out) -> float:
-    """One ATen operation's roofline time on `device`."""
-    counter = flop_registry.get(func.overloadpacket)
-    flops = counter(*args, **kwargs, out_val=out) if counter else 0
-    tensors = list(tensors_in((args, kwargs, out)))
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    floating = [t.dtype for t in tensors if t.is_floating_point()]
-    dtype = str(floating[-1]).removeprefix("torch.") if floating else "float32"
-    return device.op_seconds(flops, nbytes, dtype)
-
-
-def tensors_in(value):
-    """The tensors in `value`: a tensor, or lists, tuples and dicts of them
-    (an operation's arguments and results)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from tensors_in(item)
-    elif isinstance(value, dict):
-        yield from tensors_in(list(value.values()))
 
 
 def _nbytes(value) -> int:

@@ -1,0 +1,96 @@
+"""What one ATen operation costs on a simulated device, in seconds.
+
+Two ways to charge it:
+
+- at datasheet peak (`Simulation(compute="peak")`): the roofline of
+  `hardware.Device.op_seconds`, FLOPs from torch's own
+  `torch.utils.flop_counter` registry (matrix products, convolutions,
+  attention), bytes from the operation's tensors;
+- as achieved (`compute="achieved"`): by kind of kernel, with the fractions
+  of `ddp_teach.sim.efficiency`: matrix products by their shape (tiles and
+  waves), convolutions, and everything else at the memory bandwidth real
+  kernels reach.
+
+Views and allocations (FREE_OPS) launch no kernel and are free.
+"""
+import torch
+from torch.utils.flop_counter import flop_registry
+
+from ddp_teach.sim import efficiency
+
+aten = torch.ops.aten
+FREE_OPS = {aten.empty, aten.empty_strided, aten.empty_like, aten.detach,
+            aten.lift_fresh, aten.alias, aten._unsafe_view, aten.set_}
+MATMULS = {aten.mm: 0, aten.addmm: 1, aten.bmm: 0, aten.baddbmm: 1}  # -> first factor
+CONVOLUTIONS = {aten.convolution, aten._convolution, aten.convolution_backward}
+
+
+def op_seconds(device, func, args, kwargs, out) -> float:
+    """One ATen operation's roofline time on `device` at datasheet peak."""
+    flops, nbytes, dtype = _work(func, args, kwargs, out)
+    return device.op_seconds(flops, nbytes, dtype)
+
+
+def achieved_seconds(device, achieved, func, args, kwargs, out) -> float:
+    """One ATen operation's time on `device` as real kernels run it."""
+    flops, nbytes, dtype = _work(func, args, kwargs, out)
+    packet = func.overloadpacket
+    if packet in MATMULS:
+        a, b = args[MATMULS[packet]], args[MATMULS[packet] + 1]
+        batch = a.shape[0] if a.dim() == 3 else 1
+        return efficiency.matmul_seconds(device, achieved, a.shape[-2], b.shape[-1],
+                                         a.shape[-1], batch, dtype, nbytes)
+    kind = "conv" if packet in CONVOLUTIONS else "memory"
+    return efficiency.rate_seconds(device, achieved, kind, flops, nbytes, dtype)
+
+
+def kernel_seconds(simulation, func, args, kwargs, out) -> float:
+    """The charge of `simulation`'s mode: achieved or datasheet peak."""
+    achieved = simulation.achieved
+    if achieved is None:
+        return op_seconds(simulation.device, func, args, kwargs, out)
+    return achieved_seconds(simulation.device, achieved, func, args, kwargs, out)
+
+
+def attention_seconds(simulation, q, k, v, causal: bool, backward: bool) -> float:
+    """Fused (flash) attention of q (B, H, Lq, d) against k, v (B, Hkv, Lk,
+    d) on `simulation`'s device: its FLOPs as FlashAttention-2 counts them,
+    its bytes those of q, k, v and the output (and their gradients in
+    backward), at the mode's rates."""
+    *lead, queries, head_dim = q.shape
+    batch_heads = 1
+    for size in lead:
+        batch_heads *= size
+    flops = efficiency.attention_flops(batch_heads, 1, queries, k.shape[-2],
+                                       head_dim, causal, backward)
+    tensors = (q, k, v, q) * (2 if backward else 1)  # q's shape: the output
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    dtype = str(q.dtype).removeprefix("torch.")
+    achieved = simulation.achieved
+    if achieved is None:
+        return simulation.device.op_seconds(flops, nbytes, dtype)
+    return efficiency.rate_seconds(simulation.device, achieved, "attention",
+                                   flops, nbytes, dtype)
+
+
+def _work(func, args, kwargs, out):
+    """(FLOPs, bytes, dtype name) of one operation."""
+    counter = flop_registry.get(func.overloadpacket)
+    flops = counter(*args, **kwargs, out_val=out) if counter else 0
+    tensors = list(tensors_in((args, kwargs, out)))
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    floating = [t.dtype for t in tensors if t.is_floating_point()]
+    dtype = str(floating[-1]).removeprefix("torch.") if floating else "float32"
+    return flops, nbytes, dtype
+
+
+def tensors_in(value):
+    """The tensors in `value`: a tensor, or lists, tuples and dicts of them
+    (an operation's arguments and results)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+    elif isinstance(value, dict):
+        yield from tensors_in(list(value.values()))

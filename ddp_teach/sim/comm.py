@@ -1,0 +1,83 @@
+"""Collective and point-to-point times on a simulated cluster, as runs measure them.
+
+`ddp_teach.sim.nccl` says which algorithm NCCL picks and what NCCL's own
+model estimates; its latencies agree with measurements, but real runs move
+bytes more slowly than its bandwidth estimates, by an amount that depends
+on the algorithm. So a collective is charged
+
+    NCCL's latency + bytes / (NCCL's bandwidth x ACHIEVED[kind])
+
+with `kind` one of four, each fraction solved from ONE published
+measurement (a "calibrate" row of `benchmarks/sim_vs_published.md`):
+
+- "in node" (ring or tree inside one node): all-reduce of 16 GiB on 8x
+  H200 with NVLS off, 367.2 GB/s busbw, nccl-tests, NCCL 2.27.7
+  (stas00/ml-engineering, network/README.md, "SHARP"); H200 shares H100's
+  NVLink 4 fabric;
+- "nvls" (NVLink SHARP inside one node): all-reduce of 8 GiB on 8x H100
+  SXM, NCCL_ALGO=NVLS, 478.87 GB/s busbw, NCCL 2.18.5 (Azure/AI-
+  benchmarking-guide, ND H100 v5 results);
+- "across nodes" (ring or tree over the network): all-reduce on 4 nodes of
+  8x H100 with 8x 400 Gb/s InfiniBand each, 330.93 GB/s busbw, NCCL 2.24.3
+  (Voltage Park / Georgia Tech benchmark, as published in
+  aigatech/vpbenchmarking); taken at 4 GiB;
+- "nvls tree" (NVLS in each node, a tree between them): all-reduce of 512
+  MiB on 2 nodes of 8x H20 (NVLink 4, 8x NDR 400 Gb/s per node), 3,219 us,
+  NCCL 2.21.5 (NVIDIA/nccl issue 1244).
+
+Point-to-point (send / recv) has no tuning model in NCCL: we charge it as
+one step of a Simple ring over the link between the two ranks (NVLink or
+PCIe inside a node, the GPU's share of its node's NICs across nodes), at
+the same achieved fractions.
+"""
+from ddp_teach.sim import nccl
+from ddp_teach.sim.cluster import NVLINK
+
+ACHIEVED = {"in node": 0.991, "nvls": 0.886, "across nodes": 0.907,
+            "nvls tree": 0.549}
+
+
+def kind_of(plan, nodes: int) -> str:
+    """Which achieved fraction applies to a plan on `nodes` nodes."""
+    if plan.algorithm == "nvls":
+        return "nvls"
+    if plan.algorithm == "nvls_tree":
+        return "nvls tree"
+    return "in node" if nodes == 1 else "across nodes"
+
+
+def collective_seconds(op: str, nbytes: float, ranks, cluster,
+                       algorithm: str | None = None) -> float:
+    """Seconds of `op` on `nbytes` (the whole buffer) over the global
+    `ranks` (an int n for ranks 0..n-1, or a list) of `cluster`, with NCCL's
+    choice of algorithm (or the one forced)."""
+    ranks = range(ranks) if isinstance(ranks, int) and not isinstance(ranks, bool) \
+        else list(ranks)
+    nodes, _ = cluster.nodes_of(ranks)
+    plan = nccl.choose(op, nbytes, len(ranks), nodes, cluster, algorithm)
+    if len(ranks) == 1:
+        return 0.0
+    return plan.latency_s + nbytes / (plan.bandwidth * ACHIEVED[kind_of(plan, nodes)])
+
+
+def p2p_seconds(nbytes: float, source: int, target: int, cluster) -> float:
+    """Seconds of a send from global rank `source` to `target` (see the
+    module's doc)."""
+    for name, rank in (("source", source), ("target", target)):
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"{name} must be a global rank, an int >= 0; got {rank!r}")
+    if not nbytes >= 0:
+        raise ValueError(f"nbytes must be >= 0; got {nbytes!r}")
+    nodes, _ = cluster.nodes_of([source, target])
+    if source == target:
+        return 0.0
+    ring_simple = nccl.PROTOCOLS.index("Simple")
+    if nodes == 1:
+        hop = nccl.HOP_LATENCY_US["NVLink" if cluster.fabric == NVLINK else "PCIe"]
+        bandwidth = cluster.fabric_bandwidth * ACHIEVED["in node"]
+    else:
+        hop = nccl.HOP_LATENCY_US["net"]
+        share = cluster.network_bandwidth / cluster.gpus_per_node
+        bandwidth = min(share, cluster.fabric_bandwidth) * ACHIEVED["across nodes"]
+    latency_us = nccl.BASE_LATENCY_US["ring"][ring_simple] + hop["ring"][ring_simple]
+    return latency_us * 1e-6 + nbytes / bandwidth

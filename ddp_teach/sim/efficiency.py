@@ -1,0 +1,182 @@
+"""What a GPU reaches in practice, not its datasheet peak, per kind of kernel.
+
+A roofline at datasheet peak (`hardware.Device.op_seconds`) is what a lesson
+that counts FLOPs wants, and it is optimistic: large bf16 matrix products
+reach about 80% of an H100's peak, a streaming kernel about 88% of its
+memory bandwidth, fused attention about a third of peak, and a kernel
+never takes less than a few microseconds. `Achieved` holds those fractions
+for one GPU, each calibrated on one published measurement (named beside
+each preset below; `benchmarks/sim_vs_published.md` shows them with the
+measurements they are checked against), and `kernel_seconds` uses them:
+
+- matrix products run in tiles, one tile per streaming multiprocessor
+  (SM) at a time: a product of M x N takes ceil(tiles / SMs) "waves" of a
+  tile's work, so a product whose tiles do not fill the last wave wastes
+  the rest of it (tile and wave quantization, NVIDIA's "Matrix
+  Multiplication Background User's Guide"). cuBLAS picks the tile shape;
+  we take the one that gives the fewest tile-FLOPs per SM. Each SM runs at
+  `matmul` x its share of the peak;
+- convolutions (cuDNN) at `conv` x peak, attention (FlashAttention-2) at
+  `attention` x peak; everything else streams its bytes at `memory` x the
+  memory bandwidth; whichever of arithmetic and bytes is longer wins, as in
+  a roofline;
+- every kernel costs at least `kernel_s` of GPU time (start-up and drain);
+- `sustained`: in a training run, kernels reach only this fraction of the
+  rates that short kernel benchmarks measure (under hours of full load the
+  GPU's clock drops to stay within its power and heat limits, and the
+  shapes and layouts of a real model's kernels fall short of the
+  benchmarked ones). Kernel benchmarks are modelled with `burst=True`.
+
+The host side: an eager PyTorch program issues one kernel per operation
+from Python, and each costs `host_s_per_op` of CPU time whatever its size
+(dispatch and launch); a kernel starts when the host has issued it and
+the stream is free (`ddp_teach.sim.runtime`), so a model of small layers
+runs at the host's pace. And `overlap_slowdown`: compute that runs while a
+collective does is that much slower, since NCCL's kernels take SMs and
+memory bandwidth from it.
+"""
+import math
+from dataclasses import dataclass, replace
+
+# tile shapes (rows x columns of the output) that cuBLAS's kernels use
+TILES = ((256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64),
+         (64, 128))
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """Fractions of a device's peaks that real kernels reach (see the module's
+    doc), GPU-side seconds per kernel, and host-side seconds per operation."""
+    sms: int
+    matmul: float
+    memory: float
+    attention: float
+    conv: float
+    kernel_s: float
+    host_s_per_op: float = 7e-6
+    overlap_slowdown: float = 1.189
+    sustained: float = 1.0
+
+    def __post_init__(self):
+        if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1:
+            raise ValueError(f"sms must be an int >= 1; got {self.sms!r}")
+        for name in ("matmul", "memory", "attention", "conv", "sustained"):
+            value = getattr(self, name)
+            if not (0 < value <= 1):
+                raise ValueError(f"Achieved.{name} is a fraction of the peak, "
+                                 f"in (0, 1]; got {value!r}")
+        for name in ("kernel_s", "host_s_per_op"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"Achieved.{name} must be >= 0 seconds; got {value!r}")
+        if not (self.overlap_slowdown >= 1 and math.isfinite(self.overlap_slowdown)):
+            raise ValueError("overlap_slowdown must be >= 1 (1: no slowdown); "
+                             f"got {self.overlap_slowdown!r}")
+
+
+def matmul_seconds(device, achieved: Achieved, m: int, n: int, k: int,
+                   batch: int = 1, dtype: str = "float32", nbytes: float = 0,
+                   burst: bool = False) -> float:
+    """A (batch of) m x k by k x n product: the fewest waves of tiles, each
+    SM at its share of `matmul` x peak; or its bytes, if they take longer.
+    burst: as a kernel benchmark runs it, else as a training run does."""
+    if min(m, n, k, batch) <= 0:
+        return achieved.kernel_s
+    per_sm = _peak(device, dtype) * achieved.matmul / achieved.sms
+    tile_flops = min(math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn)
+                               / achieved.sms) * 2 * tm * tn * k for tm, tn in TILES)
+    busy = max(tile_flops / per_sm, _streaming(device, achieved, nbytes))
+    return achieved.kernel_s + busy / (1.0 if burst else achieved.sustained)
+
+
+def rate_seconds(device, achieved: Achieved, kind: str, flops: float,
+                 nbytes: float, dtype: str = "float32", burst: bool = False) -> float:
+    """A convolution ("conv"), fused attention ("attention") or any other
+    kernel ("memory"): its arithmetic at the kind's fraction of peak (full
+    peak for "memory") or its bytes, whichever takes longer."""
+    fraction = {"conv": achieved.conv, "attention": achieved.attention,
+                "memory": 1.0}[kind]
+    busy = max(flops / (_peak(device, dtype) * fraction),
+               _streaming(device, achieved, nbytes))
+    return achieved.kernel_s + busy / (1.0 if burst else achieved.sustained)
+
+
+def attention_flops(batch: int, heads: int, queries: int, keys: int,
+                    head_dim: int, causal: bool, backward: bool = False) -> float:
+    """FLOPs of fused attention as FlashAttention-2's benchmark counts them
+    (Dao, "FlashAttention-2", 2023): the two products QK^T and PV, 4 x B x
+    H x Lq x Lk x d, halved with a causal mask; backward does 2.5 times the
+    forward's (five products, the first one recomputed)."""
+    forward = 4 * batch * heads * queries * keys * head_dim / (2 if causal else 1)
+    return forward * (2.5 if backward else 1.0)
+
+
+def overlapped_end(start: float, work: float, busy, slowdown: float) -> float:
+    """When `work` seconds of compute begun at `start` end, each stretch of
+    it that overlaps one of the `busy` (start, end) intervals of the
+    communication channel (sorted, disjoint) running `slowdown` times slower."""
+    t = start
+    for begin, end in busy:
+        if end <= t:
+            continue
+        if begin > t:
+            step = min(work, begin - t)
+            t, work = t + step, work - step
+        if work <= 0:
+            break
+        step = min(work * slowdown, end - max(begin, t))
+        t, work = t + step, work - step / slowdown
+    return t + max(work, 0.0)
+
+
+def _peak(device, dtype: str) -> float:
+    return device.flops.get(dtype, device.flops["float32"])
+
+
+def _streaming(device, achieved: Achieved, nbytes: float) -> float:
+    return nbytes / (device.memory_bandwidth * achieved.memory)
+
+
+# Calibrated fractions. Each is solved from ONE published measurement
+# (benchmarks/sim_vs_published.md lists them as "calibrate" rows):
+# - matmul: H100, torch.matmul bf16 2048 x 2048 x 13312 at 794.5 TFLOP/s
+#   (stas00/ml-engineering, compute/accelerator, "Maximum Achievable Matmul
+#   FLOPS"); A100, cuBLASLt fp16 8192^3 at 253.7 TFLOP/s (Azure/AI-
+#   benchmarking-guide, ND A100 v4 results);
+# - kernel_s: A100 cuBLASLt fp16 1024^3 at 119.4 TFLOP/s (same page), with
+#   the tile model above; the same on every GPU;
+# - memory: STREAM triad on the HBM, 2.97 TB/s on H100 and 1.70 TB/s on
+#   A100 (Azure/AI-benchmarking-guide, ND H100 v5 and ND A100 v4 results);
+# - attention: FlashAttention-2's benchmark, batch 2, 8192 tokens, not
+#   causal: 327.9 TFLOP/s on H100 (head dim 128), 179.5 on A100 (head dim
+#   64) (same pages);
+# - sustained: llm-foundry's MPT-7B training with FSDP, 2,048 tokens, no
+#   activation checkpointing: 10,643 tokens/s per GPU on 8x H100 80GB
+#   (micro-batch 6) and 4,641 on 8x A100 80GB (micro-batch 6, 2 micro-
+#   steps per step) (mosaicml/llm-foundry, scripts/train/benchmarking/
+#   README.md), simulated with FSDP2's schedule (`predict.fsdp2`);
+# - conv: ResNet-50 v1.5 training with AMP, batch 256, one A100 80GB, 2,470
+#   images/s (NVIDIA DeepLearningExamples, PyTorch ConvNets README), with
+#   A100's sustained fraction above;
+# - host_s_per_op: about 7 us of wall-clock per eager elementwise op on a
+#   tiny CUDA tensor (flagos-ai/FlagGems issue 4812, "~7 us eager" for
+#   sigmoid, relu, abs, silu, gelu); the same on every machine;
+# - overlap_slowdown: compute overlapped with communication runs 18.9%
+#   slower on average on A100 and H100 (Lee et al., "Characterizing
+#   Compute-Communication Overlap in GPU-Accelerated Distributed Deep
+#   Learning", arXiv 2507.03114, 2025).
+# H100's conv is A100's (no H100 convolution run was used). V100, T4 and
+# RTX 4090: no measurement of their own was used; they take A100's
+# fractions with their own SM counts (datasheets: 80, 40 and 128 SMs), a
+# stated assumption that the ResNet-50 V100 row checks.
+KERNEL_S = 3.74e-6
+ACHIEVED = {
+    "H100 SXM": Achieved(sms=132, matmul=0.851, memory=2.97e12 / 3.35e12,
+                         attention=327.9 / 989.4, conv=0.443, kernel_s=KERNEL_S,
+                         sustained=0.710),
+    "A100 80GB": Achieved(sms=108, matmul=0.815, memory=1.70e12 / 2.039e12,
+                          attention=179.5 / 312, conv=0.443, kernel_s=KERNEL_S,
+                          sustained=0.881),
+}
+ACHIEVED.update({name: replace(ACHIEVED["A100 80GB"], sms=sms) for name, sms in
+                 (("V100 SXM2", 80), ("T4", 40), ("RTX 4090", 128))})

@@ -1,0 +1,186 @@
+"""Achieved compute: matrix products by shape, the host clock that makes
+small models host-bound, the slowdown of overlapped compute, determinism,
+and the datasheet-peak mode left as it was."""
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import ddp_teach as dt
+from ddp_teach.sim import DEVICES, Achieved, Simulation, one_rank
+from ddp_teach.sim.efficiency import matmul_seconds, overlapped_end, rate_seconds
+
+H100 = DEVICES["H100 SXM"]
+A100 = DEVICES["A100 80GB"]
+
+
+def test_large_matmuls_run_at_the_calibrated_fraction_of_peak():
+    a = A100.achieved
+    m = n = k = 16384
+    seconds = matmul_seconds(A100, a, m, n, k, dtype="bfloat16", burst=True)
+    rate = 2 * m * n * k / (seconds - a.kernel_s)
+    # 128 x 128 tiles: 16384 of them over 108 SMs, 152 waves of which the
+    # last is 76% full
+    waves = math.ceil(128 * 128 / 108)
+    assert rate == pytest.approx(312e12 * a.matmul * (128 * 128) / (waves * 108))
+    training = matmul_seconds(A100, a, m, n, k, dtype="bfloat16")
+    assert training - a.kernel_s == pytest.approx((seconds - a.kernel_s) / a.sustained)
+
+
+def test_a_matmul_just_past_a_wave_pays_for_part_of_an_empty_wave():
+    a = H100.achieved
+    # 132 SMs: 132 tiles of 128 x 128 fill one wave. One more row of tiles
+    # needs a second wave of 128 x 128 tiles, or three of half-size 128 x 64
+    # tiles (266 of them): 1.5 times the full wave's time, for 1% more work
+    one_wave = matmul_seconds(H100, a, 128 * 132, 128, 4096, dtype="bfloat16", burst=True)
+    past = matmul_seconds(H100, a, 128 * 133, 128, 4096, dtype="bfloat16", burst=True)
+    assert past - a.kernel_s == pytest.approx(1.5 * (one_wave - a.kernel_s))
+
+
+def test_streaming_kernels_reach_the_measured_bandwidth_and_no_kernel_is_free():
+    a = H100.achieved
+    nbytes = 3 * 2 ** 31
+    seconds = rate_seconds(H100, a, "memory", 0, nbytes, burst=True)
+    assert nbytes / (seconds - a.kernel_s) == pytest.approx(2.97e12)
+    assert rate_seconds(H100, a, "memory", 0, 8, burst=True) == pytest.approx(
+        a.kernel_s, rel=1e-3)
+
+
+def test_overlapped_compute_runs_slower_only_where_it_overlaps():
+    busy = [(1.0, 2.0), (5.0, 6.0)]
+    assert overlapped_end(0.0, 0.5, busy, 2.0) == 0.5      # before any
+    assert overlapped_end(1.0, 0.5, busy, 2.0) == 2.0      # inside: twice as long
+    assert overlapped_end(0.5, 1.0, busy, 2.0) == 2.0      # half out, half in
+    assert overlapped_end(1.5, 1.0, busy, 2.0) == 2.75     # in, then out
+    assert overlapped_end(3.0, 1.0, busy, 1.0) == 4.0
+
+
+def tiny_steps(rank, world_size, width=16, layers=8):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    x = torch.randn(4, width)
+    dist.barrier()
+    start = dt.tracing.now()
+    model(x).sum().backward()
+    return dt.tracing.now() - start
+
+
+def test_a_small_model_is_host_bound_and_peak_mode_has_no_host():
+    achieved = Simulation("H100 SXM", cluster="DGX H100")
+    took, timeline = one_rank(tiny_steps, 1, achieved)
+    host = achieved.achieved.host_s_per_op
+    # every op costs the host 7 us and the GPU about kernel_s (3.74 us): the
+    # step is the host's, and the GPU idles between kernels
+    assert took == pytest.approx(_count_ops(achieved) * host, rel=0.05)
+    compute = timeline.after_last_barrier().filter(kind="compute")
+    assert sum(e.duration for e in compute) < 0.6 * took
+    peak = Simulation("H100 SXM", cluster="DGX H100", compute="peak")
+    took_peak, _ = one_rank(tiny_steps, 1, peak)
+    assert took_peak == pytest.approx(_count_ops(peak) * H100.launch_s, rel=0.05)
+
+
+def _count_ops(simulation):
+    from ddp_teach.sim.runtime import SimulatedRecorder
+    recorder = SimulatedRecorder(0, simulation)
+    count = [0]
+    original = recorder.kernel
+    recorder.kernel = lambda seconds: (count.__setitem__(0, count[0] + 1),
+                                       original(seconds))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(8)])
+    x = torch.randn(4, 16)
+    with recorder.running():
+        model(x).sum().backward()
+    return count[0]
+
+
+def zero3_step(rank, world_size):
+    with torch.device("meta"):
+        model = dt.fsdp.FullyShardedDataParallel(dt.models.reference_mlp(1024, 4),
+                                                 compute_dtype=torch.bfloat16)
+        x = torch.randn(2048, 1024)
+    dist.barrier()
+    model(x).square().mean().backward()
+
+
+def test_cluster_runs_are_deterministic_and_charge_the_network_across_nodes():
+    sim = Simulation("H100 SXM", cluster="DGX H100")
+    first = one_rank(zero3_step, 16, sim)[1].events
+    again = one_rank(zero3_step, 16, sim)[1].events
+    assert first == again
+    inside = one_rank(zero3_step, 8, sim)[1].after_last_barrier()
+    across = one_rank(zero3_step, 16, sim)[1].after_last_barrier()
+    span = [max(e.end for e in t) - min(e.start for e in t) for t in (inside, across)]
+    assert span[1] > span[0], "16 ranks span two nodes and go over the NICs"
+
+
+def test_bad_achieved_figures_are_refused():
+    with pytest.raises(ValueError, match="fraction of the peak"):
+        Achieved(sms=10, matmul=1.5, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6)
+    with pytest.raises(ValueError, match="sms"):
+        Achieved(sms=0, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6)
+    with pytest.raises(ValueError, match="overlap_slowdown"):
+        Achieved(sms=10, matmul=0.8, memory=0.9, attention=0.3, conv=0.4,
+                 kernel_s=1e-6, overlap_slowdown=0.5)
+    with pytest.raises(TypeError, match="Achieved"):
+        dt.sim.Device("x", {"float32": 1e12}, 1e9, 1e9, achieved=0.8)
+    bare = dt.sim.Device("x", {"float32": 1e12}, 1e9, 1e9)
+    with pytest.raises(ValueError, match="no achieved figures"):
+        Simulation(bare, cluster="DGX H100")
+    assert Simulation(bare, cluster="DGX H100", compute="peak").achieved is None
+
+
+def products_beside_a_collective(rank, world_size, collective_bytes):
+    with torch.device("meta"):
+        x = torch.empty(8192, 8192, dtype=torch.bfloat16)
+        grads = torch.empty(collective_bytes // 2, dtype=torch.bfloat16)
+    dist.barrier()
+    start = dt.tracing.now()
+    work = dist.all_reduce(grads, async_op=True) if collective_bytes else None
+    for _ in range(4):
+        x = x @ x
+    after = dt.tracing.now() - start
+    if work is not None:
+        work.wait()
+    return after
+
+
+def test_compute_beside_a_running_collective_is_slowed_by_the_stated_factor():
+    sim = Simulation("H100 SXM", cluster="DGX H100")
+    alone, _ = one_rank(products_beside_a_collective, 8, sim, args=(0,))
+    # 16 GiB on NVLS takes ~60 ms: the four products run inside it
+    beside, _ = one_rank(products_beside_a_collective, 8, sim, args=(2 ** 34,))
+    host = sim.achieved.host_s_per_op  # to issue the first product (and the all-reduce)
+    assert beside - 2 * host == pytest.approx(
+        (alone - host) * sim.achieved.overlap_slowdown, rel=1e-9)
+
+
+def ddp_step(rank, world_size):
+    torch.manual_seed(0)
+    model = dt.ddp.DistributedDataParallel(nn.Sequential(
+        *[nn.Linear(64, 64) for _ in range(4)]), bucket_cap_mb=0.01)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(32, 64, generator=g)
+    dist.barrier()
+    start = dt.tracing.now()
+    model(x).square().mean().backward()
+    if rank == 0:
+        dist.send(torch.ones(1024), dst=1)
+    else:
+        dist.recv(torch.empty(1024), src=0)
+    took = dt.tracing.now() - start
+    return took, [p.grad.clone() for p in model.parameters()]
+
+
+def test_a_cluster_run_on_real_ranks_is_real_and_repeats_its_virtual_times():
+    sim = Simulation("H100 SXM", cluster="DGX H100")
+    first = dt.run(ddp_step, 2, simulate=sim)
+    again = dt.run(ddp_step, 2, simulate=sim)
+    real = dt.run(ddp_step, 2)
+    assert [t for t, _ in first] == [t for t, _ in again]
+    assert first.timeline.events == again.timeline.events
+    for (_, got), (_, want) in zip(first, real):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert first.timeline.clock == sim.label

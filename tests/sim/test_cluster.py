@@ -1,0 +1,159 @@
+"""Cluster presets: rank placement, collective times against the published
+measurements they were calibrated on, NCCL's algorithm choice, clear errors."""
+import pytest
+
+from ddp_teach import cost
+from ddp_teach.cost import Link
+from ddp_teach.sim import CLUSTERS, Cluster, Simulation, cluster, nccl, predict
+
+GIB, MIB, KIB = 2 ** 30, 2 ** 20, 2 ** 10
+
+
+def busbw_gbps(cluster_name, op, nbytes, ranks, algorithm=None):
+    sim = Simulation("H100 SXM", cluster=cluster_name, compute="peak")
+    seconds = predict.collective(op, nbytes, ranks, sim, algorithm)
+    return cost.busbw(op, nbytes, seconds, ranks) / 1e9
+
+
+def test_presets_carry_their_datasheet_and_nccl_figures():
+    assert set(CLUSTERS) >= {"DGX H100", "DGX A100", "4x RTX 4090", "2x T4 (Kaggle)"}
+    h100 = cluster("dgx h100")
+    assert (h100.gpus_per_node, h100.nics_per_node) == (8, 8)
+    assert h100.nic_bandwidth == 50e9 and h100.network_bandwidth == 400e9
+    assert h100.fabric_bandwidth == pytest.approx(18 * 20.6e9) and h100.nvls
+    a100 = cluster("DGX A100")
+    assert a100.nic_bandwidth == 25e9 and not a100.nvls
+    assert cluster("2x T4 (Kaggle)").fabric == "PCIe"
+
+
+def test_rank_r_sits_on_node_r_over_gpus_per_node():
+    h100 = cluster("DGX H100")
+    assert [h100.node_of(r) for r in (0, 7, 8, 15, 16)] == [0, 0, 1, 1, 2]
+    assert h100.nodes_of(range(8)) == (1, 8)
+    assert h100.nodes_of(range(32)) == (4, 8)
+    assert h100.nodes_of([3, 11]) == (2, 1)
+
+
+# The calibrating measurements (benchmarks/sim_vs_published.md): 16 GiB ring
+# and 8 GiB NVLS on 8 H100/H200, 4 GiB over 4 nodes of 8 H100.
+@pytest.mark.parametrize("op, nbytes, ranks, algorithm, published", [
+    ("all_reduce", 16 * GIB, 8, "ring", 367.2),
+    ("all_reduce", 8 * GIB, 8, "nvls", 478.87),
+    ("all_reduce", 4 * GIB, 32, None, 330.93),
+])
+def test_dgx_h100_reproduces_the_measurements_it_was_calibrated_on(
+        op, nbytes, ranks, algorithm, published):
+    assert busbw_gbps("DGX H100", op, nbytes, ranks, algorithm) == \
+        pytest.approx(published, rel=0.005)
+
+
+@pytest.mark.parametrize("name, ranks, published", [
+    ("DGX A100", 8, 231.58),     # 8 GiB, Azure ND A100 v4
+    ("DGX A100", 32, 192.0),     # across DGX A100 nodes, NVIDIA/nccl #812
+    ("4x RTX 4090", 4, 25.95),   # PCIe 4.0, P2P on
+])
+def test_other_presets_land_within_tolerance_of_published_busbw(name, ranks, published):
+    nbytes = GIB if name == "4x RTX 4090" else 4 * GIB
+    assert 0.87 <= busbw_gbps(name, "all_reduce", nbytes, ranks) / published <= 1.15
+
+
+def test_small_messages_cost_nccl_latency_not_a_ring_of_alphas():
+    sim = Simulation("H100 SXM", cluster="DGX H100")
+    # NCCL's ring LL on 8 GPUs: 6.6 us base + 14 hops of 0.6 us
+    assert predict.collective("all_reduce", 1 * KIB, 8, sim) == pytest.approx(
+        15e-6, rel=0.01)
+    # across 4 nodes a tree: log2 of the nodes, not 62 ring steps
+    assert predict.collective("all_reduce", 1 * KIB, 32, sim) < 40e-6
+
+
+def test_nccl_picks_low_latency_protocols_for_small_and_nvls_for_large_in_a_node():
+    h100 = cluster("DGX H100")
+    chosen = {n: nccl.choose("all_reduce", n, 8, 1, h100) for n in
+              (KIB, 64 * KIB, MIB, 2 * MIB, 256 * MIB)}
+    # measured on 8 H200 with NCCL_DEBUG: ring + LL up to 1 MiB, NVLS from 2 MiB
+    assert all((chosen[n].algorithm, chosen[n].protocol) == ("ring", "LL")
+               for n in (KIB, 64 * KIB, MIB))
+    assert all((chosen[n].algorithm, chosen[n].protocol) == ("nvls", "Simple")
+               for n in (2 * MIB, 256 * MIB))
+    a100 = cluster("DGX A100")  # no NVLink SHARP: a ring, full bandwidth
+    assert nccl.choose("all_reduce", GIB, 8, 1, a100).algorithm == "ring"
+    assert nccl.choose("all_reduce", GIB, 8, 1, a100).protocol == "Simple"
+    assert nccl.choose("all_gather", 16 * GIB, 8, 1, h100).algorithm == "ring"
+
+
+def test_across_nodes_small_messages_take_a_tree_and_large_ones_a_ring():
+    h100 = cluster("DGX H100")
+    assert nccl.choose("all_reduce", 512, 32, 4, h100).algorithm == "tree"
+    assert nccl.choose("all_reduce", 512, 32, 4, h100).protocol == "LL"
+    assert nccl.choose("all_reduce", 4 * GIB, 32, 4, h100).algorithm == "ring"
+
+
+def test_pcie_never_uses_ll128_or_nvls():
+    for name in ("4x RTX 4090", "2x T4 (Kaggle)"):
+        gpus = CLUSTERS[name].gpus_per_node
+        for n in (KIB, MIB, GIB):
+            plans = nccl.plans("all_reduce", n, gpus, 1, CLUSTERS[name])
+            assert {p.protocol for p in plans} == {"LL", "Simple"}
+            assert {p.algorithm for p in plans} == {"ring", "tree"}
+
+
+def test_spanning_nodes_is_slower_than_staying_inside_one():
+    sim = Simulation("H100 SXM", cluster="DGX H100")
+    inside = predict.collective("all_reduce", GIB, 8, sim)
+    assert predict.collective("all_reduce", GIB, 16, sim) > inside
+    assert sim.p2p_seconds(GIB, 0, 8) > 5 * sim.p2p_seconds(GIB, 0, 1)
+    assert sim.p2p_seconds(GIB, 3, 3) == 0.0
+
+
+def test_forcing_an_algorithm_and_the_flat_link_still_as_before():
+    sim = Simulation("H100 SXM", cluster="DGX H100")
+    ring = predict.collective("all_reduce", 64 * MIB, 8, sim, "ring")
+    tree = predict.collective("all_reduce", 64 * MIB, 8, sim, "tree")
+    assert ring != tree and min(ring, tree) >= predict.collective(
+        "all_reduce", 64 * MIB, 8, sim)
+    flat = Simulation("A100 80GB", "NVLink 4")
+    assert predict.collective("all_reduce", MIB, 8, flat) == \
+        cost.collective_time("all_reduce", MIB, 8, flat.link)
+    assert flat.link_name == "NVLink 4" and flat.compute == "peak"
+
+
+def test_simulation_modes_and_labels():
+    sim = Simulation("H100 SXM", cluster="DGX H100")
+    assert sim.compute == "achieved" and sim.link is None
+    assert sim.achieved is sim.device.achieved
+    assert sim.label == "simulated H100 SXM (achieved) in DGX H100 nodes"
+    assert Simulation("H100 SXM", cluster="DGX H100", compute="peak").achieved is None
+    assert Simulation("A100 80GB", "PCIe 4 x16").label == \
+        "simulated A100 80GB + PCIe 4 x16"
+    assert Simulation().link_name == "NVLink 4"
+
+
+def test_bad_inputs_get_clear_errors():
+    with pytest.raises(ValueError, match="'DGX H100'"):
+        cluster("DGX B300")
+    with pytest.raises(ValueError, match="not both"):
+        Simulation("H100 SXM", "NVLink 4", cluster="DGX H100")
+    with pytest.raises(ValueError, match="compute must be"):
+        Simulation("H100 SXM", cluster="DGX H100", compute="turbo")
+    with pytest.raises(ValueError, match="one machine of 2 GPUs"):
+        predict.collective("all_reduce", MIB, 4, Simulation("T4", cluster="2x T4 (Kaggle)"))
+    with pytest.raises(ValueError, match="unknown NCCL algorithm"):
+        predict.collective("all_reduce", MIB, 8, Simulation(
+            "H100 SXM", cluster="DGX H100"), "butterfly")
+    with pytest.raises(ValueError, match="no 'nvls'"):
+        predict.collective("all_reduce", MIB, 8, Simulation(
+            "A100 80GB", cluster="DGX A100"), "nvls")
+    with pytest.raises(ValueError, match="unknown collective"):
+        nccl.choose("all_to_all", MIB, 8, 1, cluster("DGX H100"))
+    with pytest.raises(ValueError, match="nbytes"):
+        nccl.choose("all_reduce", -1, 8, 1, cluster("DGX H100"))
+    with pytest.raises(ValueError, match="world_size"):
+        predict.collective("all_reduce", MIB, 0, Simulation(cluster="DGX A100"))
+    with pytest.raises(ValueError, match="fabric"):
+        Cluster("x", 8, "carrier pigeon", 1e9, 0, 0.0)
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        Cluster("x", 0, "PCIe", 1e9, 0, 0.0)
+    with pytest.raises(ValueError, match="NVLink SHARP"):
+        Cluster("x", 8, "PCIe", 1e9, 0, 0.0, nvls=True)
+    with pytest.raises(ValueError, match="Link"):
+        Simulation("A100 80GB", Link(-1.0, 0.0))
