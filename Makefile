@@ -127,11 +127,13 @@ bench: setup
 	$(BIN)/python benchmarks/zero_vs_torch.py
 	$(BIN)/python benchmarks/sim_fidelity.py
 	$(BIN)/python benchmarks/sim_vs_paper.py
+	$(BIN)/python benchmarks/sim_vs_published.py
 	$(BIN)/python benchmarks/progress_cost.py
 	cat benchmarks/launcher_latency.md benchmarks/timeline_overlap.md \
 		benchmarks/ring_vs_gloo.md benchmarks/ddp_vs_torch.md \
 		benchmarks/zero_vs_torch.md benchmarks/sim_fidelity.md \
-		benchmarks/sim_vs_paper.md benchmarks/progress_cost.md \
+		benchmarks/sim_vs_paper.md benchmarks/sim_vs_published.md \
+		benchmarks/progress_cost.md \
 		> benchmarks/results.md
 
 # Every notebook executed and rendered, with an index: build/html/index.html.

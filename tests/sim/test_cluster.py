@@ -47,6 +47,13 @@ def test_dgx_h100_reproduces_the_measurements_it_was_calibrated_on(
         pytest.approx(published, rel=0.005)
 
 
+def test_two_nodes_reproduce_the_nvls_tree_run_it_was_calibrated_on():
+    # 512 MiB over 2 nodes of 8 H20 (NVLink 4, 8 NDR NICs each): 3,219 us
+    sim = Simulation("H100 SXM", cluster="DGX H100")
+    assert predict.collective("all_reduce", 512 * MIB, 16, sim) == pytest.approx(
+        3219e-6, rel=0.005)
+
+
 @pytest.mark.parametrize("name, ranks, published", [
     ("DGX A100", 8, 231.58),     # 8 GiB, Azure ND A100 v4
     ("DGX A100", 32, 192.0),     # across DGX A100 nodes, NVIDIA/nccl #812

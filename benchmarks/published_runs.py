@@ -1,0 +1,124 @@
+"""Simulated training runs of published configurations (for sim_vs_published).
+
+Each function returns the published run's figure of merit (images/s,
+sequences/s, tokens/s per GPU) as the simulator gives it. Models are built
+on the meta device in the dtype the run computed in (16-bit where it used
+AMP: autocast does not reach meta tensors, so the whole model is cast).
+"""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import ddp_teach as dt
+from ddp_teach.models import resnet50
+from ddp_teach.sim import Simulation, one_rank, predict
+from published_models import Bert, Llama, LlamaBlock, Mpt, MptBlock, bert_loss, \
+    llama_loss, mpt_loss
+
+
+def _profile_seconds(model, loss_of, simulation, optimizer=None) -> tuple:
+    """(forward + backward, optimizer step) seconds of one step on one
+    simulated device."""
+    prof = predict.profile(model, loss_of, simulation)
+    step_s = 0.0
+    if optimizer is not None:
+        from ddp_teach.sim.runtime import SimulatedRecorder
+        clock = SimulatedRecorder(0, simulation)
+        with clock.running():
+            optimizer.step()
+        step_s = clock.now()
+    return prof, prof.forward_s + prof.backward_s, step_s
+
+
+def resnet50_images_per_s(device: str, cluster: str, gpus: int, batch=256) -> float:
+    """ResNet-50 v1.5 training, AMP, `batch` images per GPU at 224 x 224,
+    SGD with momentum; on `gpus` GPUs, torch's DDP schedule (25 MB buckets,
+    each all-reduced as soon as it is full, `predict.bucketed_ddp`)."""
+    model = resnet50(device="meta").half()
+    x = torch.empty(batch, 3, 224, 224, device="meta", dtype=torch.half)
+    labels = torch.zeros(batch, dtype=torch.long, device="meta")
+    sim = Simulation(device, cluster=cluster)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    prof, compute_s, step_s = _profile_seconds(
+        model, lambda m: F.cross_entropy(m(x).float(), labels), sim, optimizer)
+    step = predict.bucketed_ddp(prof, gpus) if gpus > 1 else compute_s
+    return gpus * batch / (step + step_s)
+
+
+def bert_sequences_per_s(gpus: int, accumulation: int, batch=256, length=128) -> float:
+    """BERT-large pre-training phase 1 (128 tokens, 20 of them masked),
+    fp16, `batch` sequences per GPU and micro-step, on DGX A100 nodes;
+    gradients summed over `accumulation` micro-steps, then all-reduced in
+    fp16 in one buffer after backward and a LAMB-like update (NVIDIA's
+    "allreduce post accumulation"; Adam's update stands in for LAMB's)."""
+    model = Bert().half().to("meta")
+    tokens = torch.zeros(batch, length, dtype=torch.long, device="meta")
+    masked = torch.arange(batch * 20, device="meta")
+    sim = Simulation("A100 80GB", cluster="DGX A100")
+    optimizer = torch.optim.Adam(model.parameters(), foreach=True)
+    _, micro_s, step_s = _profile_seconds(
+        model, lambda m: bert_loss(m, tokens, masked), sim, optimizer)
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+    sync_s = predict.collective("all_reduce", grads, gpus, sim) if gpus > 1 else 0.0
+    per_micro = micro_s + (sync_s + step_s) / accumulation
+    return gpus * batch / per_micro
+
+
+def _fsdp_step(rank, world_size, build, loss_of, inputs, micro_steps):
+    with torch.device("meta"):
+        model = build()
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+        tokens = torch.zeros(*inputs, dtype=torch.long)
+    for _ in range(2):  # the second step is kept
+        dist.barrier()
+        start = dt.tracing.now()
+        for _ in range(micro_steps):
+            loss_of(model, tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        took = dt.tracing.now() - start
+    return took
+
+
+def fsdp_tokens_per_gpu_s(device, cluster, gpus, model, batch, length,
+                          micro_steps=1) -> float:
+    """Tokens per second per GPU of ZeRO-3 training (the course's
+    `dt.fsdp`: bf16 compute, fp32 gradient reduction, each block a unit;
+    AdamW) of `model` ("llama3-8b", "mpt-7b", "mpt-13b"), rank 0 of `gpus`
+    simulated in this process."""
+    kinds = {"llama3-8b": (lambda: Llama(length=length), LlamaBlock, llama_loss),
+             "mpt-7b": (Mpt, MptBlock, mpt_loss),
+             "mpt-13b": (lambda: Mpt(layers=40, width=5120, heads=40), MptBlock,
+                         mpt_loss)}
+    make, block, loss_of = kinds[model]
+
+    def build():
+        return dt.fsdp.FullyShardedDataParallel(
+            make(), units=lambda _name, m: isinstance(m, block),
+            compute_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+    sim = Simulation(device, cluster=cluster)
+    took, _ = one_rank(_fsdp_step, gpus, sim,
+                       args=(build, loss_of, (batch, length), micro_steps))
+    return micro_steps * batch * length / took
+
+
+def fsdp2_tokens_per_gpu_s(device, cluster, gpus, model, batch, length,
+                           micro_steps=1) -> float:
+    """As `fsdp_tokens_per_gpu_s`, with the step scheduled as torch's FSDP2
+    overlaps it (`predict.fsdp2`), from the course FSDP's traced step."""
+    kinds = {"llama3-8b": (lambda: Llama(length=length), LlamaBlock, llama_loss),
+             "mpt-7b": (Mpt, MptBlock, mpt_loss),
+             "mpt-13b": (lambda: Mpt(layers=40, width=5120, heads=40), MptBlock,
+                         mpt_loss)}
+    make, block, loss_of = kinds[model]
+
+    def build():
+        return dt.fsdp.FullyShardedDataParallel(
+            make(), units=lambda _name, m: isinstance(m, block), prefetch=False,
+            compute_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+    sim = Simulation(device, cluster=cluster)
+    profile = predict.zero3_profile(_fsdp_step, gpus, sim,
+                                    args=(build, loss_of, (batch, length), micro_steps))
+    return micro_steps * batch * length / predict.fsdp2(profile, gpus, sim)
