@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import ddp_teach as dt
 from ddp_teach.models import resnet50
-from ddp_teach.sim import Simulation, one_rank, predict
+from ddp_teach.sim import Simulation, predict
 from published_models import Bert, Llama, LlamaBlock, Mpt, MptBlock, bert_loss, \
     llama_loss, mpt_loss
 
@@ -80,33 +80,13 @@ def _fsdp_step(rank, world_size, build, loss_of, inputs, micro_steps):
     return took
 
 
-def fsdp_tokens_per_gpu_s(device, cluster, gpus, model, batch, length,
-                          micro_steps=1) -> float:
-    """Tokens per second per GPU of ZeRO-3 training (the course's
-    `dt.fsdp`: bf16 compute, fp32 gradient reduction, each block a unit;
-    AdamW) of `model` ("llama3-8b", "mpt-7b", "mpt-13b"), rank 0 of `gpus`
-    simulated in this process."""
-    kinds = {"llama3-8b": (lambda: Llama(length=length), LlamaBlock, llama_loss),
-             "mpt-7b": (Mpt, MptBlock, mpt_loss),
-             "mpt-13b": (lambda: Mpt(layers=40, width=5120, heads=40), MptBlock,
-                         mpt_loss)}
-    make, block, loss_of = kinds[model]
-
-    def build():
-        return dt.fsdp.FullyShardedDataParallel(
-            make(), units=lambda _name, m: isinstance(m, block),
-            compute_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-
-    sim = Simulation(device, cluster=cluster)
-    took, _ = one_rank(_fsdp_step, gpus, sim,
-                       args=(build, loss_of, (batch, length), micro_steps))
-    return micro_steps * batch * length / took
-
-
 def fsdp2_tokens_per_gpu_s(device, cluster, gpus, model, batch, length,
                            micro_steps=1) -> float:
-    """As `fsdp_tokens_per_gpu_s`, with the step scheduled as torch's FSDP2
-    overlaps it (`predict.fsdp2`), from the course FSDP's traced step."""
+    """Tokens per second per GPU of ZeRO-3 training of `model` ("llama3-8b",
+    "mpt-7b", "mpt-13b") on `gpus` GPUs: the course's `dt.fsdp` (bf16
+    compute, fp32 gradient reduction, each block a unit; AdamW) traced for
+    rank 0 in this process, and the trace scheduled as torch's FSDP2
+    overlaps it (`predict.fsdp2`)."""
     kinds = {"llama3-8b": (lambda: Llama(length=length), LlamaBlock, llama_loss),
              "mpt-7b": (Mpt, MptBlock, mpt_loss),
              "mpt-13b": (lambda: Mpt(layers=40, width=5120, heads=40), MptBlock,
