@@ -18,6 +18,8 @@ that a simulated step pays for every kernel the real one launched.
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, \
+    create_selective_checkpoint_contexts
 
 
 class RMSNorm(nn.Module):
@@ -68,10 +70,34 @@ class LlamaBlock(nn.Module):
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
 
+def _keep_attention_and_every_other_product(context, op, *args, **kwargs):
+    """torchtitan's "op" selective activation checkpointing policy
+    (torchtitan/distributed/activation_checkpoint.py, `_get_custom_policy`):
+    in each block, keep the outputs of attention and of the 1st, 3rd, 5th ...
+    matrix product; recompute the other products and every elementwise
+    operation in backward."""
+    if op == torch.ops.aten.mm.default:
+        context.mm_count = getattr(context, "mm_count", 0) + 1
+        keep = context.mm_count % 2 == 1
+    else:
+        keep = op in ATTENTION_OPS
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+ATTENTION_OPS = {torch.ops.aten._scaled_dot_product_flash_attention.default,
+                 torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                 torch.ops.aten._scaled_dot_product_cudnn_attention.default}
+
+
+def selective_op_checkpointing():
+    return create_selective_checkpoint_contexts(_keep_attention_and_every_other_product)
+
+
 class Llama(nn.Module):
     def __init__(self, layers=32, width=4096, heads=32, kv_heads=8, hidden=14336,
-                 vocab=128256, length=8192):
+                 vocab=128256, length=8192, selective_checkpointing=False):
         super().__init__()
+        self.selective_checkpointing = selective_checkpointing
         self.embedding = nn.Embedding(vocab, width)
         self.layers = nn.ModuleList(LlamaBlock(width, heads, kv_heads, hidden)
                                     for _ in range(layers))
@@ -87,7 +113,9 @@ class Llama(nn.Module):
         x = self.embedding(tokens)
         angles = self.angles[:tokens.shape[1]]
         for layer in self.layers:
-            x = layer(x, angles)
+            x = (checkpoint(layer, x, angles, use_reentrant=False,
+                            context_fn=selective_op_checkpointing)
+                 if self.selective_checkpointing else layer(x, angles))
         return self.output(self.norm(x))
 
 

@@ -87,7 +87,8 @@ def fsdp2_tokens_per_gpu_s(device, cluster, gpus, model, batch, length,
     compute, fp32 gradient reduction, each block a unit; AdamW) traced for
     rank 0 in this process, and the trace scheduled as torch's FSDP2
     overlaps it (`predict.fsdp2`)."""
-    kinds = {"llama3-8b": (lambda: Llama(length=length), LlamaBlock, llama_loss),
+    kinds = {"llama3-8b": (lambda: Llama(length=length, selective_checkpointing=True),
+                           LlamaBlock, llama_loss),
              "mpt-7b": (Mpt, MptBlock, mpt_loss),
              "mpt-13b": (lambda: Mpt(layers=40, width=5120, heads=40), MptBlock,
                          mpt_loss)}

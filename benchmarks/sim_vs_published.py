@@ -106,10 +106,12 @@ def report(table, took_s: float) -> str:
         "(autocast does not reach meta tensors); data loading is free.",
         "- FSDP rows trace the course's `dt.fsdp` (each block a unit, bf16 "
         "gathers, fp32 reduce-scatters, AdamW) and schedule the trace as torch's "
-        "FSDP2 overlaps it (`predict.fsdp2`). Activation checkpointing is not "
-        "simulated: the torchtitan rows recompute part of the forward "
-        "(selective op checkpointing), on H100s power-capped at 500 W whose "
-        "peak is below the SXM preset's, so they are expected above 1.",
+        "FSDP2 overlaps it (`predict.fsdp2`). The torchtitan (Llama) rows "
+        "checkpoint each block with torchtitan's selective op policy (attention "
+        "and every other matrix product kept, the rest recomputed in backward), "
+        "run in the simulator as torch's own selective checkpointing. Their "
+        "H100s were power-capped at 500 W, which is not simulated, so those "
+        "rows are expected somewhat above 1.",
         f"- ResNet-50 on 8 A100s reaches {_scaling(table, 'published'):.1%} of 8 "
         f"times one A100's images/s in the published runs, "
         f"{_scaling(table, 'simulated'):.1%} in the simulated ones.",
