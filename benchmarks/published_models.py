@@ -15,6 +15,8 @@ that a simulated step pays for every kernel the real one launched.
   DeepLearningExamples do), post-norm encoder layers and the masked-LM and
   next-sentence heads.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -125,18 +127,26 @@ def llama_loss(model, tokens):
 
 
 class BertLayer(nn.Module):
+    """As NVIDIA's DeepLearningExamples computes it (PyTorch/LanguageModeling/
+    BERT/modeling.py, BertSelfAttention): query, key and value as three
+    products, and attention written out, two batched products around a
+    softmax and a dropout. Their NGC 21.11 container's PyTorch predates fused
+    attention (`F.scaled_dot_product_attention` came with torch 2.0)."""
+
     def __init__(self, width=1024, heads=16, hidden=4096):
         super().__init__()
         self.heads = heads
-        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.query, self.key = nn.Linear(width, width), nn.Linear(width, width)
+        self.value, self.out = nn.Linear(width, width), nn.Linear(width, width)
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
 
     def forward(self, x):
         batch, length, width = x.shape
-        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2)
-                   for t in self.qkv(x).split(width, dim=-1))
-        a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        q, k, v = (layer(x).view(batch, length, self.heads, -1).transpose(1, 2)
+                   for layer in (self.query, self.key, self.value))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(width // self.heads)
+        a = F.dropout(torch.softmax(scores, dim=-1), 0.1) @ v
         a = a.transpose(1, 2).reshape(batch, length, width)
         x = self.norm1(x + F.dropout(self.out(a), 0.1))
         return self.norm2(x + F.dropout(self.down(F.gelu(self.up(x))), 0.1))
