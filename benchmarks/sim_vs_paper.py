@@ -11,9 +11,11 @@ overlap and without it (the same buckets all-reduced after backward), for
 world sizes 8 and 32 over five links, on the A100 preset and on a V100
 (SXM2 datasheet: 15.7 TFLOP/s fp32, 900 GB/s), the GPU of the paper's time.
 
-The paper's interconnect is not modelled one to one, so the figure to
-compare is the range: how much overlap buys depends on how the all-reduce
-time compares with backward's, and the table shows where 38% falls.
+The paper's interconnect is not modelled, so the paper's 38% is not
+validated here: the flat links show how much overlap buys as the
+all-reduce grows against backward, and two rows on DGX A100 nodes (the
+calibrated cluster model of `ddp_teach.sim`) show what it buys on a
+cluster of today.
 
 Run from the repo root: `make bench` (or `.venv/bin/python
 benchmarks/sim_vs_paper.py`). Writes benchmarks/sim_vs_paper.md.
@@ -41,6 +43,7 @@ ETHERNET_25G = Link.from_latency_bandwidth(20e-6, 25e9 / 8)
 LINKS = {"NVLink 4": "NVLink 4", "InfiniBand NDR": "InfiniBand NDR",
          "100GbE": "100GbE", "25GbE": ETHERNET_25G, "10GbE": "10GbE"}
 WORLD_SIZES = (8, 32)
+CLUSTER = "DGX A100"  # the calibrated cluster model (benchmarks/sim_vs_published.md)
 
 
 def loss_of(model):
@@ -61,11 +64,20 @@ def rows():
                 after = predict.bucketed_ddp(on_link, world_size, overlap=False)
                 out.append((sim.device.name, link_name, world_size,
                             predict.compute_only(on_link), overlapped, after))
+    cluster = Simulation("A100 80GB", cluster=CLUSTER)  # achieved compute
+    prof = predict.profile(model, loss_of, cluster)
+    for world_size in WORLD_SIZES:
+        out.append((f"{cluster.device.name} (achieved)", f"{CLUSTER} nodes", world_size,
+                    predict.compute_only(prof), predict.bucketed_ddp(prof, world_size),
+                    predict.bucketed_ddp(prof, world_size, overlap=False)))
     return out
 
 
 def report(table, took_s: float) -> str:
     speedups = [after / overlapped - 1 for *_, overlapped, after in table]
+    flat = [sp for row, sp in zip(table, speedups) if not row[1].endswith("nodes")]
+    on_cluster = [(row[2], sp) for row, sp in zip(table, speedups)
+                  if row[1].endswith("nodes")]
     lines = [
         "# Simulated GPUs against the DDP paper: overlap on ResNet-50",
         "",
@@ -92,14 +104,22 @@ def report(table, took_s: float) -> str:
         "",
         "## Reading",
         "",
-        f"- Overlap buys from {min(speedups):.1%} to {max(speedups):.1%} "
-        f"here; the paper's {PAPER_SPEEDUP:.0%} is "
-        f"{'inside' if min(speedups) <= PAPER_SPEEDUP <= max(speedups) else 'outside'}"
-        " that range.",
-        "- It buys most where the all-reduce takes about as long as backward "
-        "(Ethernet-class links at 8-32 GPUs): then nearly all of it can hide. "
-        "On NVLink the all-reduce is short and there is little to hide; on "
-        "10GbE it is so long that backward hides only a part of it.",
+        f"- On the flat links overlap buys from {min(flat):.1%} to "
+        f"{max(flat):.1%}: a range that holds almost any figure, the paper's "
+        f"{PAPER_SPEEDUP:.0%} among them, so it checks nothing. The paper's "
+        "servers and the network between them are not reproduced here, and "
+        "its 38% is not validated by this benchmark.",
+        "- What the flat rows do show: overlap buys most where the all-reduce "
+        "takes about as long as backward (Ethernet-class links at 8-32 GPUs), "
+        "since nearly all of it can then hide; on NVLink the all-reduce is "
+        "short and there is little to hide; on 10GbE it is so long that "
+        "backward hides only a part of it.",
+        f"- On {CLUSTER} nodes (the cluster model calibrated on published "
+        "measurements, with kernels at achieved rates, fp32 with TF32 off as on "
+        "the paper's V100s) overlap buys "
+        + " and ".join(f"{s:.1%} at {n} GPUs" for n, s in on_cluster) + ": "
+        "NVLink inside a node and eight 200 Gb/s cards per node make "
+        "ResNet-50's all-reduce short next to its backward.",
         "",
         f"Benchmark wall time: {took_s:.1f} s.",
         "",
