@@ -17,8 +17,6 @@ the names a cell binds to `subplots(...)`, `add_subplot(...)`, `gca()` or
 labels, scales, limits and kinds of drawing. A plot made inside a course
 function (`Timeline.plot`) is that function's business, tested with it.
 
-EXPECTED_FLAT lists, by notebook and axis label, the plots that break the
-rule today, so that the test passes now and shrinks as each is fixed.
 `python tests/notebooks/test_plot_axes.py` prints every notebook's flags.
 """
 import ast
@@ -42,13 +40,6 @@ LINES = {"plot", "step", "errorbar", "fill_between", "stackplot", "scatter", "st
          "semilogx"}
 BARS = {"bar", "barh"}
 LOG_Y = {"semilogy", "loglog"}
-
-TO_FIX = "owned by issue-26 work on notebook {}, to be fixed"
-# Magnitude axes drawn with lines that do not start at zero today, by label.
-EXPECTED_FLAT = {
-    "02_dataparallel": {"ms": TO_FIX.format("02")},
-    "08_beyond_data_parallel": {"seconds per step (model)": TO_FIX.format("08")},
-}
 
 
 @dataclass
@@ -209,17 +200,8 @@ def flat_axes(path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_magnitudes_are_plotted_from_zero(path):
     found = flat_axes(path)
-    expected = EXPECTED_FLAT.get(path.stem, {})
-    new = {label: why for label, why in found.items() if label not in expected}
-    assert not new, (f"{path.name}: plots of a magnitude that do not start at "
-                     f"0 (set_ylim(bottom=0), or a log scale): {new}")
-    fixed = sorted(set(expected) - set(found))
-    assert not fixed, (f"{path.name}: {fixed} now start at 0: remove them from "
-                       "EXPECTED_FLAT")
-
-
-def test_the_table_names_only_notebooks_that_exist():
-    assert set(EXPECTED_FLAT) <= {path.stem for path in NOTEBOOKS}
+    assert not found, (f"{path.name}: plots of a magnitude that do not start at "
+                       f"0 (set_ylim(bottom=0), or a log scale): {found}")
 
 
 @pytest.mark.parametrize("source", [

@@ -10,11 +10,8 @@ the code counts as traced.
 A flagged number is fixed by printing it from a cell (and asserting it
 where it is a claim: the assert puts it in the code), by rewording the
 prose, or, for a fact from outside the course, by a FACTS entry that says
-where it comes from. EXPECTED_DRIFT lists what the notebooks still type
-today, notebook by notebook, so that this test passes now and shrinks as
-each is fixed: a new flag fails it, and so does an entry that is no longer
-flagged (remove it). `python tools/prose_numbers.py NN` shows a notebook's
-flags in context.
+where it comes from; a FACTS entry no longer needed fails the test too.
+`python tools/prose_numbers.py NN` shows a notebook's flags in context.
 """
 import datetime
 import math
@@ -54,49 +51,24 @@ FACTS = {
     },
 }
 
-TO_FIX = "owned by issue-26 work on notebook {}, to be fixed"
-# What the notebooks still type, as found when this test was written.
-EXPECTED_DRIFT = {
-    "00_welcome": {
-        "64": TO_FIX.format("00") + ": the course map quotes notebook 10's 64 GPUs",
-    },
-    "01_collectives": {
-        "68": TO_FIX.format("01") + ": rank 0's sums, typed from an output",
-        "72": TO_FIX.format("01") + ": rank 0's sums, typed from an output",
-        "2.13": TO_FIX.format("01") + ": write the version as 'torch 2.13'",
-    },
-    "06_sharding": {
-        "70": TO_FIX.format("06") + ": the calculator's 70 B model is not in the code",
-        "8.4": TO_FIX.format("06") + ": the reference model's 8.4 M parameters, typed",
-        "50": TO_FIX.format("06") + ": GPT-2's 50 257 tokens (write 50,257, as the code)",
-        "8192": TO_FIX.format("06") + ": the try-it's width, not in the code",
-    },
-}
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_prose_number_is_in_the_code_or_a_cited_fact(path):
     facts = FACTS.get(path.stem, {})
     untraced = prose_numbers.untraced_numbers(path)
-    flagged = {n.text: n for n in untraced if n.text not in facts}
-    expected = EXPECTED_DRIFT.get(path.stem, {})
-    new = [n for text, n in flagged.items() if text not in expected]
-    assert not new, (
+    flagged = [n for n in untraced if n.text not in facts]
+    assert not flagged, (
         f"{path.name}: numbers in prose that no code cell holds (print them "
         "from a cell, assert them where they are claims, reword, or cite a "
         "fact in FACTS): " + "; ".join(
             f"{n.text}{' ' + n.unit if n.unit else ''} in cell {n.cell} "
-            f"({n.context[:80]!r})" for n in new))
-    fixed = sorted(set(expected) - set(flagged))
-    assert not fixed, (f"{path.name}: {fixed} no longer typed in prose: remove "
-                       "them from EXPECTED_DRIFT")
+            f"({n.context[:80]!r})" for n in flagged))
     unused = sorted(set(facts) - {n.text for n in untraced})
     assert not unused, f"{path.name}: FACTS {unused} are no longer used: remove them"
 
 
 def test_the_tables_name_only_notebooks_that_exist():
     stems = {path.stem for path in NOTEBOOKS}
-    assert set(FACTS) <= stems and set(EXPECTED_DRIFT) <= stems
+    assert set(FACTS) <= stems
 
 
 def test_the_checkable_facts_hold():
