@@ -27,7 +27,7 @@ from ddp_teach.sim import efficiency, predict
 from ddp_teach.sim.hardware import DEVICES
 from ddp_teach.sim.simulation import Simulation
 
-GIB, MIB, KIB = 2 ** 30, 2 ** 20, 2 ** 10
+GIB, MIB = 2 ** 30, 2 ** 20
 LOW, HIGH = 0.87, 1.15  # the tolerance every row is held to: within about 15%
 AZURE_H100 = ("Azure/AI-benchmarking-guide, \"Azure Results/ND_H100_v5_results.md\" "
               "(commit f350e7e)")
@@ -121,102 +121,134 @@ def table(rows=None) -> list:
 
 
 MEASUREMENTS = [
-    _collective("all-reduce 16 GiB, 8 GPUs, ring", "8x H200 (NVLink 4, NVSwitch; the DGX H100 "
-       "preset), NCCL 2.27.7, NCCL_NVLS_ENABLE=0", STAS_NET + ", \"SHARP\"", 367.2,
-       "GB/s busbw", "calibrate", lambda: busbw("DGX H100", "all_reduce", 16 * GIB, 8, "ring")),
-    _collective("all-reduce 8 GiB, 8 GPUs, NVLS", "8x H100 SXM, NCCL 2.18.5, NCCL_ALGO=NVLS, "
-       "in place, fp32", AZURE_H100, 478.87, "GB/s busbw", "calibrate",
-       lambda: busbw("DGX H100", "all_reduce", 8 * GIB, 8, "nvls")),
-    _collective("all-reduce, 32 GPUs in 4 nodes", "4 nodes x 8 H100 SXM, 8x 400 Gb/s InfiniBand "
-       "per node, NCCL 2.24.3; peak busbw (simulated at 4 GiB)",
-       "Voltage Park / Georgia Tech benchmark (aigatech/vpbenchmarking)", 330.93,
-       "GB/s busbw", "calibrate", lambda: busbw("DGX H100", "all_reduce", 4 * GIB, 32)),
-    _collective("all-reduce 512 MiB, 16 GPUs in 2 nodes", "2 nodes x 8 H20 (NVLink 4), 8x NDR "
-       "400 Gb/s per node, NCCL 2.21.5, NCCL's choice", NCCL_1244, 3219.0, "us",
-       "calibrate", lambda: micros("DGX H100", "all_reduce", 512 * MIB, 16)),
-    _collective("all-reduce 256 MiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 423.38,
-       "GB/s busbw", "validate", lambda: busbw("DGX H100", "all_reduce", 256 * MIB, 8, "nvls")),
-    _collective("all-reduce 16 MiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 234.45,
-       "GB/s busbw", "validate", lambda: busbw("DGX H100", "all_reduce", 16 * MIB, 8, "nvls"),
-       "NCCL's model, and ours, has no pipeline-fill term: at medium sizes each NVLS "
-       "channel moves too few of its 128 KiB chunks (NCCL_NVLS_CHUNKSIZE) to fill "
-       "its pipeline"),
-    _collective("all-reduce 1 KiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row; busbw 0.07 GB/s "
-       "printed with 2 decimals: 24-27 us", AZURE_H100, 1024 * 1.75 / 0.07e9 * 1e6, "us",
-       "validate", lambda: micros("DGX H100", "all_reduce", 1024, 8, "nvls")),
-    _collective("all-reduce 8 GiB, 6 of 8 GPUs", "8x H200 node, 6 GPUs, NCCL 2.27.7, NCCL's "
-       "choice (NVLS)", STAS_NET + ", \"SHARP\"", 435.6, "GB/s busbw", "validate",
-       lambda: busbw("DGX H100", "all_reduce", 8 * GIB, 6)),
-    _collective("all-gather 16 GiB, 8 GPUs", "8x H200, NCCL 2.27.7, NCCL's choice", STAS_NET
-       + ", \"SHARP\"", 361.4, "GB/s busbw", "validate",
-       lambda: busbw("DGX H100", "all_gather", 16 * GIB, 8)),
-    _collective("reduce-scatter 16 GiB, 8 GPUs", "8x H200, NCCL 2.27.7, NCCL's choice", STAS_NET
-       + ", \"SHARP\"", 362.9, "GB/s busbw", "validate",
-       lambda: busbw("DGX H100", "reduce_scatter", 16 * GIB, 8)),
-    _collective("all-reduce 8 GiB, 8 A100", "8x A100 SXM4 80GB (NVLink 3, NVSwitch), NCCL "
-       "2.18.5, in place (NVLS requested, which A100 lacks)", AZURE_A100, 231.58,
-       "GB/s busbw", "validate", lambda: busbw("DGX A100", "all_reduce", 8 * GIB, 8)),
-    _collective("all-reduce 1 KiB, 8 A100", "as the 8 GiB A100 row; busbw 0.04 GB/s: 40-51 us",
-       AZURE_A100, 1024 * 1.75 / 0.04e9 * 1e6, "us", "validate",
-       lambda: micros("DGX A100", "all_reduce", 1024, 8),
-       "the run asked for NVLS, which A100s lack, so which algorithm ran is unknown; "
-       "a virtual machine on AMD EPYC hosts. The simulated figure is NCCL's ring LL; "
-       "a bare-metal measurement of the default algorithm would be the fair check"),
-    _collective("all-reduce 4 GiB, 32 GPUs in 4 nodes (RoCE)", "4 nodes x 8 H100, 8x 400 Gb "
-       "RoCE per node, NCCL 2.19.3, 4-8 GB messages: about 320 GB/s",
-       "NVIDIA/nccl issue 1221 (2024-03)", 320.0, "GB/s busbw", "validate",
-       lambda: busbw("DGX H100", "all_reduce", 4 * GIB, 32)),
-    _collective("all-reduce across DGX A100 nodes", "DGX A100 nodes, 8x HDR 200 Gb/s each, "
-       "large messages; node count and size not stated (simulated: 4 nodes, 4 GiB)",
-       "NVIDIA/nccl issue 812 (NCCL team, 2023-03)", 192.0, "GB/s busbw", "validate",
-       lambda: busbw("DGX A100", "all_reduce", 4 * GIB, 32)),
-    _collective("all-reduce 512 B, 16 GPUs in 2 nodes, NVLS tree", "as the 512 MiB row, "
-       "NCCL_ALGO=NVLSTree", NCCL_1244, 46.5, "us", "validate",
-       lambda: micros("DGX H100", "all_reduce", 512, 16, "nvls_tree")),
-    _collective("all-reduce 1 MiB, 16 GPUs in 2 nodes", "as the 512 MiB row", NCCL_1244, 121.8,
-       "us", "validate", lambda: micros("DGX H100", "all_reduce", MIB, 16),
-       "that cluster's times hardly grow from 1 MiB to 4 MiB (121.8 and 127.6 us), "
-       "a floor that NCCL's model, which picks the NVLS tree here, does not have"),
-    _collective("all-reduce 64 MiB, 16 GPUs in 2 nodes", "as the 512 MiB row", NCCL_1244, 468.0,
-       "us", "validate", lambda: micros("DGX H100", "all_reduce", 64 * MIB, 16)),
-    _collective("all-reduce 1 GiB, 4x RTX 4090 on PCIe", "4x RTX 4090, PCIe 4.0 x16, P2P on "
-       "(patched driver), no NVLink", "tinygrad/open-gpu-kernel-modules issue 36",
-       25.95, "GB/s busbw", "validate",
-       lambda: busbw("4x RTX 4090", "all_reduce", GIB, 4)),
-    _kernel("bf16 matmul 2048 x 2048 x 13312, H100", "H100 SXM, torch.matmul, best shape of "
-       "a search, torch 2.7", STAS_MAMF, 794.5, "TFLOP/s", "calibrate",
-       lambda: matmul_tflops("H100 SXM", 2048, 2048, 13312)),
-    _kernel("fp16 matmul 8192^3, A100", "A100 SXM4 80GB, cuBLASLt, 10,000 warm-ups",
-       AZURE_A100, 253.7, "TFLOP/s", "calibrate",
-       lambda: matmul_tflops("A100 80GB", 8192, 8192, 8192)),
-    _kernel("fp16 matmul 1024^3, A100", "as above", AZURE_A100, 119.4, "TFLOP/s",
-       "calibrate", lambda: matmul_tflops("A100 80GB", 1024, 1024, 1024)),
-    _kernel("fp16 matmul 2048^3, A100", "as above", AZURE_A100, 221.8, "TFLOP/s",
-       "validate", lambda: matmul_tflops("A100 80GB", 2048, 2048, 2048)),
-    _kernel("fp16 matmul 4096^3, A100", "as above", AZURE_A100, 228.0, "TFLOP/s",
-       "validate", lambda: matmul_tflops("A100 80GB", 4096, 4096, 4096)),
-    _kernel("fp16 matmul 1024 x 2145 x 1024, A100", "as above", AZURE_A100, 132.8,
-       "TFLOP/s", "validate", lambda: matmul_tflops("A100 80GB", 1024, 2145, 1024),
-       "the tile model takes the best tiling of the shape; cuBLAS's heuristic picked "
-       "a slower one for this odd width"),
-    _kernel("bf16 matmul 1024 x 10240 x 5120, A100", "A100 SXM, torch.matmul, best shape "
-       "of a search, torch 2.6", STAS_MAMF, 271.2, "TFLOP/s", "validate",
-       lambda: matmul_tflops("A100 80GB", 1024, 10240, 5120)),
-    _kernel("STREAM triad, H100", "H100 SXM HBM3", AZURE_H100, 2.97, "TB/s", "calibrate",
-       lambda: stream_tbps("H100 SXM", 3)),
-    _kernel("STREAM triad, A100", "A100 SXM4 80GB HBM2e", AZURE_A100, 1.70, "TB/s",
-       "calibrate", lambda: stream_tbps("A100 80GB", 3)),
-    _kernel("STREAM copy, H100", "as above", AZURE_H100, 2.90, "TB/s", "validate",
-       lambda: stream_tbps("H100 SXM", 2)),
-    _kernel("STREAM copy, A100", "as above", AZURE_A100, 1.61, "TB/s", "validate",
-       lambda: stream_tbps("A100 80GB", 2)),
-    _kernel("FlashAttention-2, H100", "flash-attn benchmark, batch 2, 8192 tokens, head "
-       "dim 128, 16 heads, not causal", AZURE_H100, 327.9, "TFLOP/s", "calibrate",
-       lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128)),
-    _kernel("FlashAttention-2, A100", "as above, head dim 64, 32 heads", AZURE_A100, 179.5,
-       "TFLOP/s", "calibrate", lambda: attention_tflops("A100 80GB", 2, 32, 8192, 64)),
-    _kernel("SDPA forward, H100", "torch SDPA, batch 128, 8 heads of 128, 8192 tokens, not "
-       "causal, forward", "pytorch/benchmark PR 2296 (tritonbench flash_attention)",
-       287.696, "TFLOP/s", "validate",
-       lambda: attention_tflops("H100 SXM", 128, 8, 8192, 128, forward_only=True)),
+    _collective(
+        "all-reduce 16 GiB, 8 GPUs, ring", "8x H200 (NVLink 4, NVSwitch; the DGX H100 "
+        "preset), NCCL 2.27.7, NCCL_NVLS_ENABLE=0", STAS_NET + ", \"SHARP\"", 367.2,
+        "GB/s busbw", "calibrate", lambda: busbw("DGX H100", "all_reduce", 16 * GIB, 8, "ring")),
+    _collective(
+        "all-reduce 8 GiB, 8 GPUs, NVLS", "8x H100 SXM, NCCL 2.18.5, NCCL_ALGO=NVLS, "
+        "in place, fp32", AZURE_H100, 478.87, "GB/s busbw", "calibrate",
+        lambda: busbw("DGX H100", "all_reduce", 8 * GIB, 8, "nvls")),
+    _collective(
+        "all-reduce, 32 GPUs in 4 nodes", "4 nodes x 8 H100 SXM, 8x 400 Gb/s InfiniBand "
+        "per node, NCCL 2.24.3; peak busbw (simulated at 4 GiB)",
+        "Voltage Park / Georgia Tech benchmark (aigatech/vpbenchmarking)", 330.93,
+        "GB/s busbw", "calibrate", lambda: busbw("DGX H100", "all_reduce", 4 * GIB, 32)),
+    _collective(
+        "all-reduce 512 MiB, 16 GPUs in 2 nodes", "2 nodes x 8 H20 (NVLink 4), 8x NDR "
+        "400 Gb/s per node, NCCL 2.21.5, NCCL's choice", NCCL_1244, 3219.0, "us",
+        "calibrate", lambda: micros("DGX H100", "all_reduce", 512 * MIB, 16)),
+    _collective(
+        "all-reduce 256 MiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 423.38,
+        "GB/s busbw", "validate", lambda: busbw("DGX H100", "all_reduce", 256 * MIB, 8, "nvls")),
+    _collective(
+        "all-reduce 16 MiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 234.45,
+        "GB/s busbw", "validate", lambda: busbw("DGX H100", "all_reduce", 16 * MIB, 8, "nvls"),
+        "NCCL's model, and ours, has no pipeline-fill term: at medium sizes each NVLS "
+        "channel moves too few of its 128 KiB chunks (NCCL_NVLS_CHUNKSIZE) to fill "
+        "its pipeline"),
+    _collective(
+        "all-reduce 1 KiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row; busbw 0.07 GB/s "
+        "printed with 2 decimals: 24-27 us", AZURE_H100, 1024 * 1.75 / 0.07e9 * 1e6, "us",
+        "validate", lambda: micros("DGX H100", "all_reduce", 1024, 8, "nvls")),
+    _collective(
+        "all-reduce 8 GiB, 6 of 8 GPUs", "8x H200 node, 6 GPUs, NCCL 2.27.7, NCCL's "
+        "choice (NVLS)", STAS_NET + ", \"SHARP\"", 435.6, "GB/s busbw", "validate",
+        lambda: busbw("DGX H100", "all_reduce", 8 * GIB, 6)),
+    _collective(
+        "all-gather 16 GiB, 8 GPUs", "8x H200, NCCL 2.27.7, NCCL's choice", STAS_NET
+        + ", \"SHARP\"", 361.4, "GB/s busbw", "validate",
+        lambda: busbw("DGX H100", "all_gather", 16 * GIB, 8)),
+    _collective(
+        "reduce-scatter 16 GiB, 8 GPUs", "8x H200, NCCL 2.27.7, NCCL's choice", STAS_NET
+        + ", \"SHARP\"", 362.9, "GB/s busbw", "validate",
+        lambda: busbw("DGX H100", "reduce_scatter", 16 * GIB, 8)),
+    _collective(
+        "all-reduce 8 GiB, 8 A100", "8x A100 SXM4 80GB (NVLink 3, NVSwitch), NCCL "
+        "2.18.5, in place (NVLS requested, which A100 lacks)", AZURE_A100, 231.58,
+        "GB/s busbw", "validate", lambda: busbw("DGX A100", "all_reduce", 8 * GIB, 8)),
+    _collective(
+        "all-reduce 1 KiB, 8 A100", "as the 8 GiB A100 row; busbw 0.04 GB/s: 40-51 us",
+        AZURE_A100, 1024 * 1.75 / 0.04e9 * 1e6, "us", "validate",
+        lambda: micros("DGX A100", "all_reduce", 1024, 8),
+        "the run asked for NVLS, which A100s lack, so which algorithm ran is unknown; "
+        "a virtual machine on AMD EPYC hosts. The simulated figure is NCCL's ring LL; "
+        "a bare-metal measurement of the default algorithm would be the fair check"),
+    _collective(
+        "all-reduce 4 GiB, 32 GPUs in 4 nodes (RoCE)", "4 nodes x 8 H100, 8x 400 Gb "
+        "RoCE per node, NCCL 2.19.3, 4-8 GB messages: about 320 GB/s",
+        "NVIDIA/nccl issue 1221 (2024-03)", 320.0, "GB/s busbw", "validate",
+        lambda: busbw("DGX H100", "all_reduce", 4 * GIB, 32)),
+    _collective(
+        "all-reduce across DGX A100 nodes", "DGX A100 nodes, 8x HDR 200 Gb/s each, "
+        "large messages; node count and size not stated (simulated: 4 nodes, 4 GiB)",
+        "NVIDIA/nccl issue 812 (NCCL team, 2023-03)", 192.0, "GB/s busbw", "validate",
+        lambda: busbw("DGX A100", "all_reduce", 4 * GIB, 32)),
+    _collective(
+        "all-reduce 512 B, 16 GPUs in 2 nodes, NVLS tree", "as the 512 MiB row, "
+        "NCCL_ALGO=NVLSTree", NCCL_1244, 46.5, "us", "validate",
+        lambda: micros("DGX H100", "all_reduce", 512, 16, "nvls_tree")),
+    _collective(
+        "all-reduce 1 MiB, 16 GPUs in 2 nodes", "as the 512 MiB row", NCCL_1244, 121.8,
+        "us", "validate", lambda: micros("DGX H100", "all_reduce", MIB, 16),
+        "that cluster's times hardly grow from 1 MiB to 4 MiB (121.8 and 127.6 us), "
+        "a floor that NCCL's model, which picks the NVLS tree here, does not have"),
+    _collective(
+        "all-reduce 64 MiB, 16 GPUs in 2 nodes", "as the 512 MiB row", NCCL_1244, 468.0,
+        "us", "validate", lambda: micros("DGX H100", "all_reduce", 64 * MIB, 16)),
+    _collective(
+        "all-reduce 1 GiB, 4x RTX 4090 on PCIe", "4x RTX 4090, PCIe 4.0 x16, P2P on "
+        "(patched driver), no NVLink", "tinygrad/open-gpu-kernel-modules issue 36",
+        25.95, "GB/s busbw", "validate",
+        lambda: busbw("4x RTX 4090", "all_reduce", GIB, 4)),
+    _kernel(
+        "bf16 matmul 2048 x 2048 x 13312, H100", "H100 SXM, torch.matmul, best shape of "
+        "a search, torch 2.7", STAS_MAMF, 794.5, "TFLOP/s", "calibrate",
+        lambda: matmul_tflops("H100 SXM", 2048, 2048, 13312)),
+    _kernel(
+        "fp16 matmul 8192^3, A100", "A100 SXM4 80GB, cuBLASLt, 10,000 warm-ups",
+        AZURE_A100, 253.7, "TFLOP/s", "calibrate",
+        lambda: matmul_tflops("A100 80GB", 8192, 8192, 8192)),
+    _kernel(
+        "fp16 matmul 1024^3, A100", "as above", AZURE_A100, 119.4, "TFLOP/s",
+        "calibrate", lambda: matmul_tflops("A100 80GB", 1024, 1024, 1024)),
+    _kernel(
+        "fp16 matmul 2048^3, A100", "as above", AZURE_A100, 221.8, "TFLOP/s",
+        "validate", lambda: matmul_tflops("A100 80GB", 2048, 2048, 2048)),
+    _kernel(
+        "fp16 matmul 4096^3, A100", "as above", AZURE_A100, 228.0, "TFLOP/s",
+        "validate", lambda: matmul_tflops("A100 80GB", 4096, 4096, 4096)),
+    _kernel(
+        "fp16 matmul 1024 x 2145 x 1024, A100", "as above", AZURE_A100, 132.8,
+        "TFLOP/s", "validate", lambda: matmul_tflops("A100 80GB", 1024, 2145, 1024),
+        "the tile model takes the best tiling of the shape; cuBLAS's heuristic picked "
+        "a slower one for this odd width"),
+    _kernel(
+        "bf16 matmul 1024 x 10240 x 5120, A100", "A100 SXM, torch.matmul, best shape "
+        "of a search, torch 2.6", STAS_MAMF, 271.2, "TFLOP/s", "validate",
+        lambda: matmul_tflops("A100 80GB", 1024, 10240, 5120)),
+    _kernel(
+        "STREAM triad, H100", "H100 SXM HBM3", AZURE_H100, 2.97, "TB/s", "calibrate",
+        lambda: stream_tbps("H100 SXM", 3)),
+    _kernel(
+        "STREAM triad, A100", "A100 SXM4 80GB HBM2e", AZURE_A100, 1.70, "TB/s",
+        "calibrate", lambda: stream_tbps("A100 80GB", 3)),
+    _kernel(
+        "STREAM copy, H100", "as above", AZURE_H100, 2.90, "TB/s", "validate",
+        lambda: stream_tbps("H100 SXM", 2)),
+    _kernel(
+        "STREAM copy, A100", "as above", AZURE_A100, 1.61, "TB/s", "validate",
+        lambda: stream_tbps("A100 80GB", 2)),
+    _kernel(
+        "FlashAttention-2, H100", "flash-attn benchmark, batch 2, 8192 tokens, head "
+        "dim 128, 16 heads, not causal", AZURE_H100, 327.9, "TFLOP/s", "calibrate",
+        lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128)),
+    _kernel(
+        "FlashAttention-2, A100", "as above, head dim 64, 32 heads", AZURE_A100, 179.5,
+        "TFLOP/s", "calibrate", lambda: attention_tflops("A100 80GB", 2, 32, 8192, 64)),
+    _kernel(
+        "SDPA forward, H100", "torch SDPA, batch 128, 8 heads of 128, 8192 tokens, not "
+        "causal, forward", "pytorch/benchmark PR 2296 (tritonbench flash_attention)",
+        287.696, "TFLOP/s", "validate",
+        lambda: attention_tflops("H100 SXM", 128, 8, 8192, 128, forward_only=True)),
 ]
