@@ -25,7 +25,7 @@ export MPLCONFIGDIR := $(CURDIR)/.jupyter/matplotlib
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: setup lab kernel browser test test-gpu test-isa test-versions test-colab \
-	bench html clean
+	bench bench-gpu html clean
 
 setup: $(STAMP) | .jupyter
 
@@ -89,6 +89,12 @@ test: setup browser
 # machine with GPUs. Without one every test is skipped, with the reason.
 test-gpu: setup
 	$(BIN)/python -m pytest -m gpu -rs tests/gpu
+
+# The GPUs of this machine against the simulator's prediction for them
+# (kernels, a ResNet-50 step, DDP and an all-reduce sweep over nccl):
+# benchmarks/gpu_vs_sim.md. Needs CUDA; a few minutes.
+bench-gpu: setup
+	$(BIN)/python benchmarks/gpu_vs_sim.py
 
 # The numerical tests under each CPU instruction set a learner's machine may
 # have: oneDNN's kernels (convolutions, matrix products) and ATen's vectorised

@@ -74,10 +74,10 @@ def micros(cluster, op, nbytes, ranks, algorithm=None):
         "H100 SXM", cluster=cluster, compute="peak"), algorithm) * 1e6
 
 
-def matmul_tflops(device, m, n, k):
+def matmul_tflops(device, m, n, k, dtype="bfloat16"):
     """TFLOP/s of one 16-bit m x k by k x n product, as a benchmark runs it."""
     d = DEVICES[device]
-    seconds = efficiency.matmul_seconds(d, d.achieved, m, n, k, 1, "bfloat16",
+    seconds = efficiency.matmul_seconds(d, d.achieved, m, n, k, 1, dtype,
                                         2 * (m * k + k * n + m * n), burst=True)
     return 2 * m * n * k / seconds / 1e12
 
@@ -90,14 +90,15 @@ def stream_tbps(device, arrays, elements=2 ** 28, element_bytes=8):
                                             burst=True) / 1e12
 
 
-def attention_tflops(device, batch, heads, length, head_dim, forward_only=False):
-    """TFLOP/s of fused attention (forward, or forward and backward), bf16."""
+def attention_tflops(device, batch, heads, length, head_dim, forward_only=False,
+                     dtype="bfloat16"):
+    """TFLOP/s of fused attention (forward, or forward and backward), 16-bit."""
     d = DEVICES[device]
     flops = efficiency.attention_flops(batch, heads, length, length, head_dim, False)
     nbytes = 4 * batch * heads * length * head_dim * 2
     passes = [(flops, nbytes)] + ([] if forward_only else [(2.5 * flops, 2 * nbytes)])
     seconds = sum(efficiency.rate_seconds(d, d.achieved, "attention", f, b,
-                                          "bfloat16", burst=True) for f, b in passes)
+                                          dtype, burst=True) for f, b in passes)
     return sum(f for f, _ in passes) / seconds / 1e12
 
 

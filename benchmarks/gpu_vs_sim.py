@@ -1,0 +1,292 @@
+"""The GPUs at hand against the simulator: the course's own real numbers.
+
+`benchmarks/sim_vs_published.md` sets the simulator beside measurements
+others published. This script measures the GPUs of the machine it runs on
+and sets each figure beside what the simulator predicts for the same GPU
+(its preset, picked from the GPU's name):
+
+- a bf16 (fp16 where bf16 is missing) matrix product of three shapes, a
+  1 GiB device-to-device copy, and fused attention forward and backward,
+  each timed with CUDA events; the simulator's achieved-rate model
+  (`ddp_teach.sim.efficiency`, as `ddp_teach.sim.published` uses it);
+- the host time of one small eager operation (the simulator's
+  `host_s_per_op`);
+- ResNet-50 training (AMP, SGD with momentum) on one GPU, and with DDP over
+  every GPU through `dt.run` (the course's launcher, whose "auto" backend is
+  nccl for CUDA tensors): the nccl path's first run; the simulator's
+  `predict.profile` + `predict.bucketed_ddp` on meta tensors;
+- with two GPUs or more, an all-reduce sweep (`dt.cost.bandwidth_sweep`, nccl)
+  against the cluster preset's NCCL model (`ddp_teach.sim.comm`).
+
+Run on a GPU machine: `make bench-gpu` (a few minutes). Writes
+benchmarks/gpu_vs_sim.md. Without CUDA it says so and exits 1.
+`python benchmarks/gpu_vs_sim.py --dry-run "NVIDIA H100 80GB HBM3" 2` prints
+the simulated column alone, for that GPU name and GPU count.
+"""
+import datetime
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import ddp_teach as dt  # noqa: E402
+from ddp_teach.sim import DEVICES, efficiency, published  # noqa: E402
+from ddp_teach.sim.simulation import Simulation  # noqa: E402
+from published_runs import resnet50_images_per_s  # noqa: E402
+
+MATMULS = ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 13312))
+COPY_BYTES = 2 ** 30
+ATTENTION = (2, 16, 8192, 128)  # batch, heads, tokens, head dim (as published rows)
+SWEEP_BYTES = [2 ** k for k in (10, 14, 17, 20, 23, 26, 28)]
+# (words in the GPU's name, device preset, cluster preset or None, a caveat)
+PRESETS = (
+    (("h100", "pcie"), "H100 SXM", None, "an H100 PCIe card, simulated as the SXM part"),
+    (("h100",), "H100 SXM", "DGX H100", ""),
+    (("h200",), "H100 SXM", "DGX H100",
+     "simulated as an H100 SXM: the same compute, but H200's HBM3e moves 4.8 TB/s "
+     "against 3.35"),
+    (("a100", "pcie"), "A100 80GB", None, "an A100 PCIe card, simulated as the SXM part"),
+    (("a100",), "A100 80GB", "DGX A100", ""),
+    (("t4",), "T4", "2x T4 (Kaggle)", ""),
+    (("4090",), "RTX 4090", "4x RTX 4090", ""),
+    (("v100",), "V100 SXM2", None, ""),
+)
+
+
+def preset_for(gpu_name: str):
+    """(device preset, cluster preset or None, caveat) for a CUDA device
+    name such as "NVIDIA H100 80GB HBM3", or None when none fits."""
+    name = gpu_name.lower()
+    for words, device, cluster, caveat in PRESETS:
+        if all(word in name for word in words):
+            return device, cluster, caveat
+    return None
+
+
+def dtype_for(device: str) -> str:
+    """bf16 where the GPU has it (Ampere and later), else fp16."""
+    return "bfloat16" if "bfloat16" in DEVICES[device].flops else "float16"
+
+
+# ---- what the simulator predicts ----------------------------------------------
+
+def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
+    """{row name: (simulated value, unit)} for `gpus` GPUs of preset `device`."""
+    d, dtype = DEVICES[device], dtype_for(device)
+    rows = {}
+    for m, n, k in MATMULS:
+        rows[f"{dtype} matmul {m} x {n} x {k}"] = (
+            published.matmul_tflops(device, m, n, k, dtype), "TFLOP/s")
+    rows["copy 1 GiB, device to device"] = (2 * COPY_BYTES / efficiency.rate_seconds(
+        d, d.achieved, "memory", 0, 2 * COPY_BYTES, burst=True) / 1e12, "TB/s")
+    rows[f"{dtype} attention, forward and backward"] = (
+        published.attention_tflops(device, *ATTENTION, dtype=dtype), "TFLOP/s")
+    rows["host time of one small eager operation"] = (d.achieved.host_s_per_op * 1e6, "us")
+    rows[f"ResNet-50 AMP, batch {batch}, 1 GPU"] = (
+        resnet50_images_per_s(device, cluster, 1, batch), "images/s")
+    if gpus > 1 and cluster is not None:
+        rows[f"ResNet-50 AMP, batch {batch}, DDP on {gpus} GPUs"] = (
+            resnet50_images_per_s(device, cluster, gpus, batch), "images/s")
+        sim = Simulation(device, cluster=cluster, compute="peak")
+        for nbytes in SWEEP_BYTES:
+            rows[f"all-reduce {dt.memory.format_bytes(nbytes)}, {gpus} GPUs"] = (
+                sim.collective_seconds("all_reduce", nbytes, gpus) * 1e6, "us")
+    return rows
+
+
+# ---- what the GPUs do -----------------------------------------------------------
+
+def cuda_seconds(fn, warmup=5, iters=20) -> float:
+    """Mean seconds of one fn() on the GPU, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def measure_kernels(dtype: str) -> dict:
+    torch_dtype = getattr(torch, dtype)
+    rows = {}
+    for m, n, k in MATMULS:
+        a = torch.randn(m, k, device="cuda", dtype=torch_dtype)
+        b = torch.randn(k, n, device="cuda", dtype=torch_dtype)
+        rows[f"{dtype} matmul {m} x {n} x {k}"] = 2 * m * n * k / cuda_seconds(
+            lambda: a @ b) / 1e12
+    source = torch.empty(COPY_BYTES // 4, device="cuda")
+    target = torch.empty_like(source)
+    rows["copy 1 GiB, device to device"] = 2 * COPY_BYTES / cuda_seconds(
+        lambda: target.copy_(source)) / 1e12
+    del source, target
+    batch, heads, length, head_dim = ATTENTION
+    q, k, v = (torch.randn(batch, heads, length, head_dim, device="cuda",
+                           dtype=torch_dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(batch, heads, length, head_dim, device="cuda", dtype=torch_dtype)
+
+    def attention():
+        F.scaled_dot_product_attention(q, k, v).backward(grad)
+
+    flops = 3.5 * efficiency.attention_flops(batch, heads, length, length, head_dim, False)
+    rows[f"{dtype} attention, forward and backward"] = flops / cuda_seconds(
+        attention, warmup=3, iters=10) / 1e12
+    return rows
+
+
+def host_seconds_per_op(ops=2000) -> float:
+    """Wall-clock seconds per small eager operation issued from Python."""
+    x = torch.zeros(1, device="cuda")
+    for _ in range(100):
+        x.add_(1)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(ops):
+        x.add_(1)
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return issued / ops
+
+
+def resnet50_rate(rank, world_size, batch, steps=10, warmup=5):
+    """Images per second of ResNet-50 AMP training on this rank's GPU (with
+    DDP when world_size > 1); run in this process or by dt.run."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddp_teach.models import resnet50
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    model = resnet50(device="cuda").to(memory_format=torch.channels_last)
+    if world_size > 1:
+        model = DDP(model, device_ids=[torch.cuda.current_device()])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    scaler = torch.amp.GradScaler("cuda")
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    if world_size > 1:
+        dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return world_size * batch * steps / (time.perf_counter() - start)
+
+
+def measured(device: str, cluster, gpus: int, batch: int, failures: list) -> dict:
+    """{row name: measured value}; a part that fails is named in `failures`
+    (with its error) and the others still run."""
+    rows = {}
+
+    def attempt(what, fn):
+        try:
+            fn()
+        except Exception as error:  # reported in the table and the exit status
+            failures.append(f"{what}: {type(error).__name__}: {error}")
+
+    attempt("kernels", lambda: rows.update(measure_kernels(dtype_for(device))))
+    attempt("host", lambda: rows.__setitem__(
+        "host time of one small eager operation", host_seconds_per_op() * 1e6))
+    attempt("ResNet-50 on 1 GPU", lambda: rows.__setitem__(
+        f"ResNet-50 AMP, batch {batch}, 1 GPU", resnet50_rate(0, 1, batch)))
+    if gpus > 1:
+        attempt("ResNet-50 with DDP", lambda: rows.__setitem__(
+            f"ResNet-50 AMP, batch {batch}, DDP on {gpus} GPUs",
+            sum(dt.run(resnet50_rate, gpus, args=(batch,), timeout=300)) / gpus))
+
+        def sweep():  # sizes rounded to whole elements per rank: named as asked
+            swept = dt.cost.bandwidth_sweep(gpus, SWEEP_BYTES, iters=20, warmup=5,
+                                            timeout=300)
+            for nbytes, row in zip(SWEEP_BYTES, swept.rows):
+                rows[f"all-reduce {dt.memory.format_bytes(nbytes)}, {gpus} GPUs"] = \
+                    row.seconds * 1e6
+        attempt("all-reduce sweep", sweep)
+    return rows
+
+
+# ---- the report -----------------------------------------------------------------
+
+def _nccl_version() -> str:
+    version = torch.cuda.nccl.version()  # a tuple, or an int on older torch
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def report(gpu_name, gpus, preset, simulated_rows, measured_rows, failures, took_s,
+           dry=False):
+    device, cluster, caveat = preset
+    machine = (f"a dry run (simulated column only) for {gpus} x {gpu_name}" if dry else
+               f"{gpus} x {gpu_name}; torch {torch.__version__}, CUDA "
+               f"{torch.version.cuda}, NCCL {_nccl_version()}")
+    lines = [
+        "# The GPUs at hand against the simulator",
+        "",
+        f"Date: {datetime.date.today()}. {machine}; {platform.platform()}.",
+        "",
+        f"Simulated as `{device}`" + (f" in `{cluster}` nodes" if cluster else "")
+        + (f" ({caveat})" if caveat else "") + ". Ratio = simulated / measured, "
+        "in the row's unit (a rate or a time).",
+        "",
+        "| measurement | measured | simulated | unit | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for what, (value, unit) in simulated_rows.items():
+        real = measured_rows.get(what)
+        lines.append(f"| {what} | {'-' if real is None else f'{real:,.3g}'} | "
+                     f"{value:,.3g} | {unit} | "
+                     f"{'-' if real is None else f'{value / real:.3f}'} |")
+    lines += ["", "## Failed parts", ""] + [f"- {f}" for f in failures or ["none"]]
+    lines += ["", f"Benchmark wall time: {took_s:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def main(argv) -> int:
+    started = time.perf_counter()
+    dry = argv[:1] == ["--dry-run"]
+    if dry:
+        name, gpus = argv[1], int(argv[2]) if len(argv) > 2 else 1
+    elif not torch.cuda.is_available():
+        print("no CUDA GPU here: run this on a GPU machine (make bench-gpu), or "
+              "`--dry-run NAME [GPUS]` for the simulated column alone")
+        return 1
+    else:
+        name, gpus = torch.cuda.get_device_name(0), torch.cuda.device_count()
+    preset = preset_for(name)
+    if preset is None:
+        print(f"no simulator preset for {name!r}: the presets are "
+              f"{', '.join(DEVICES)}; add one to PRESETS to compare")
+        return 1
+    device, cluster, _ = preset
+    batch = 256 if DEVICES[device].memory_bytes >= 40e9 else 128
+    simulated_rows = simulated(device, cluster, gpus, batch)
+    failures = []
+    measured_rows = {} if dry else measured(device, cluster, gpus, batch, failures)
+    text = report(name, gpus, preset, simulated_rows, measured_rows, failures,
+                  time.perf_counter() - started, dry)
+    if not dry:
+        with open(os.path.join(HERE, "gpu_vs_sim.md"), "w") as f:
+            f.write(text)
+    print(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+"""benchmarks/gpu_vs_sim.py without a GPU: which preset a CUDA device name
+gets, the simulated column, and a plain refusal where there is no CUDA (the
+measured column needs `make bench-gpu` on a GPU machine)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_vs_sim.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("gpu_vs_sim", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name, device, cluster", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", "DGX H100"),
+    ("NVIDIA H100 PCIe", "H100 SXM", None),
+    ("NVIDIA H200", "H100 SXM", "DGX H100"),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB", "DGX A100"),
+    ("NVIDIA A100-PCIE-40GB", "A100 80GB", None),
+    ("Tesla T4", "T4", "2x T4 (Kaggle)"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090", "4x RTX 4090"),
+    ("Tesla V100-SXM2-16GB", "V100 SXM2", None),
+])
+def test_a_cuda_device_name_gets_its_preset(bench, name, device, cluster):
+    assert bench.preset_for(name)[:2] == (device, cluster)
+
+
+def test_a_gpu_without_a_preset_is_named(bench, capsys):
+    assert bench.preset_for("NVIDIA L4") is None
+    assert bench.main(["--dry-run", "NVIDIA L4"]) == 1
+    assert "no simulator preset for 'NVIDIA L4'" in capsys.readouterr().out
+
+
+def test_the_simulated_column_of_two_t4s(bench):
+    rows = bench.simulated("T4", "2x T4 (Kaggle)", 2, 128)
+    assert "float16 matmul 4096 x 4096 x 4096" in rows        # T4 has no bf16
+    assert all(value > 0 for value, _ in rows.values())
+    sweep = [value for what, (value, unit) in rows.items() if what.startswith("all-reduce")]
+    assert len(sweep) == len(bench.SWEEP_BYTES) and sweep == sorted(sweep)
+    assert rows["ResNet-50 AMP, batch 128, DDP on 2 GPUs"][0] > \
+        rows["ResNet-50 AMP, batch 128, 1 GPU"][0]
+
+
+def test_a_dry_run_prints_and_writes_nothing(bench, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "HERE", str(tmp_path))
+    assert bench.main(["--dry-run", "NVIDIA H100 80GB HBM3"]) == 0
+    out = capsys.readouterr().out
+    assert "a dry run (simulated column only)" in out and "| - |" in out
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_without_cuda_it_says_where_to_run_it(bench, capsys):
+    assert bench.main([]) == 1
+    assert "make bench-gpu" in capsys.readouterr().out
