@@ -13,7 +13,9 @@ that a simulated step pays for every kernel the real one launched.
 - `Bert`: BERT-large (Devlin et al., NAACL 2019: 24 layers, width 1,024, 16
   heads, feed-forward 4,096, vocabulary 30,522 padded to 30,528 as NVIDIA's
   DeepLearningExamples do), post-norm encoder layers and the masked-LM and
-  next-sentence heads.
+  next-sentence heads; the masked-LM head on the masked tokens only, as
+  that repository's BertPreTrainingHeads does by default
+  (`sequence_output_is_dense`, commit a9e2c1d).
 """
 import math
 
@@ -128,10 +130,11 @@ def llama_loss(model, tokens):
 
 class BertLayer(nn.Module):
     """As NVIDIA's DeepLearningExamples computes it (PyTorch/LanguageModeling/
-    BERT/modeling.py, BertSelfAttention): query, key and value as three
+    BERT/modeling.py, BertSelfAttention, at commit a9e2c1d, the one that
+    published the NGC 21.11 figures): query, key and value as three
     products, and attention written out, two batched products around a
-    softmax and a dropout. Their NGC 21.11 container's PyTorch predates fused
-    attention (`F.scaled_dot_product_attention` came with torch 2.0)."""
+    softmax and a dropout (that PyTorch had no fused attention;
+    `F.scaled_dot_product_attention` came with torch 2.0)."""
 
     def __init__(self, width=1024, heads=16, hidden=4096):
         super().__init__()

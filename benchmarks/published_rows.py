@@ -38,10 +38,9 @@ ROWS = MEASUREMENTS + [
        "validate", lambda: runs.bert_sequences_per_s(1, 256)),
     _t("BERT-large phase 1, 8 A100", "as above, 8 GPUs, 32 micro-steps per step",
        DLE_BERT, 4591, "sequences/s", "validate", lambda: runs.bert_sequences_per_s(8, 32),
-       "the three BERT rows share one simulated micro-step. Its masked-LM head "
-       "runs on the 20 masked tokens of each sequence; the repository's later "
-       "modeling.py runs it on all 128 (about 11% more time), and which of the two "
-       "produced these figures is not stated"),
+       "the three BERT rows share one simulated micro-step, computed as the code "
+       "that published them does (DeepLearningExamples commit a9e2c1d): attention "
+       "unfused, the masked-LM head on the 20 masked tokens of each sequence"),
     _t("BERT-large phase 1, 256 A100 (32 nodes)", "as above, 32 DGX A100 nodes, one "
        "micro-step per step", DLE_BERT, 138294, "sequences/s", "validate",
        lambda: runs.bert_sequences_per_s(256, 1)),
