@@ -29,8 +29,11 @@ ROWS = MEASUREMENTS + [
        "validate", lambda: runs.resnet50_images_per_s("A100 80GB", "DGX A100", 8),
        "the published run scales from 1 to 8 GPUs much worse than the simulated one "
        "(see the scaling below), in which DDP's all-reduce hides behind backward; "
-       "the gap is most likely the data pipeline (decoding and augmenting every "
-       "image on the CPU), which is not simulated"),
+       "the gap is most likely the data pipeline, which is not simulated: the runs "
+       "decode and augment every image with DALI on the CPU (dali-cpu, the "
+       "README's choice for DGX A100), and the same README's TF32 runs, slower on "
+       "the GPU, scale better (7.72x against AMP's 6.72x), as a CPU-bound input "
+       "pipeline would make them"),
     _t("ResNet-50, 1 V100", "as above, DGX-1 V100 16GB", DLE_RESNET, 1200, "images/s",
        "validate", lambda: runs.resnet50_images_per_s("V100 SXM2", "DGX A100", 1)),
     _t("BERT-large phase 1, 1 A100", "seq 128, fp16, batch 256 per GPU and "
