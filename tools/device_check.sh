@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The course's GPU checks in one command, for a machine with CUDA GPUs whose
+# python3 already holds a CUDA torch (a cloud GPU box, Kaggle, the lent GPU
+# machines of this project's workplace): the course runs from this checkout
+# (PYTHONPATH, nothing installed over that torch), then
+#   1. tests/gpu (`make test-gpu`'s tests: the nccl and CUDA paths, and
+#      notebooks 01, 03 and 05 top to bottom),
+#   2. benchmarks/gpu_vs_sim.py (`make bench-gpu`: this machine's GPUs against
+#      the simulator's prediction for them).
+# Logs and benchmarks/gpu_vs_sim.md go to $OUT, or ./gpu-check.
+#
+# Packages the course needs that such a machine may lack (the notebook test
+# needs nbformat, nbclient, ipykernel, ipython and what they need) can be
+# carried as wheels in .whl/ (ignored by git): they are installed into
+# /tmp/site first. Without them the notebook test is skipped with its reason.
+set -u
+out=${OUT:-gpu-check}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+python3 -c "import sys, torch, ddp_teach
+print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
+      [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])" \
+    2>&1 | tee "$out/versions.txt"
+timeout 330 python3 -m pytest -m gpu -rs -p no:cacheprovider tests/gpu 2>&1 \
+    | tee "$out/test-gpu.log"
+tests=${PIPESTATUS[0]}
+timeout 240 python3 benchmarks/gpu_vs_sim.py 2>&1 | tee "$out/bench-gpu.log"
+bench=${PIPESTATUS[0]}
+cp benchmarks/gpu_vs_sim.md "$out/" 2>/dev/null
+echo "tests/gpu exit $tests, gpu_vs_sim exit $bench"
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
