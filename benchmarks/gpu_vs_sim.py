@@ -76,6 +76,10 @@ def dtype_for(device: str) -> str:
 
 # ---- what the simulator predicts ----------------------------------------------
 
+def ddp_row(batch: int, gpus: int) -> str:
+    return f"ResNet-50 AMP, batch {batch}, DDP on {gpus} GPU(s) through dt.run (nccl)"
+
+
 def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     """{row name: (simulated value, unit)} for `gpus` GPUs of preset `device`."""
     d, dtype = DEVICES[device], dtype_for(device)
@@ -90,9 +94,10 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     rows["host time of one small eager operation"] = (d.achieved.host_s_per_op * 1e6, "us")
     rows[f"ResNet-50 AMP, batch {batch}, 1 GPU"] = (
         resnet50_images_per_s(device, cluster, 1, batch), "images/s")
-    if gpus > 1 and cluster is not None:
-        rows[f"ResNet-50 AMP, batch {batch}, DDP on {gpus} GPUs"] = (
+    if gpus == 1 or cluster is not None:
+        rows[ddp_row(batch, gpus)] = (
             resnet50_images_per_s(device, cluster, gpus, batch), "images/s")
+    if gpus > 1 and cluster is not None:
         sim = Simulation(device, cluster=cluster, compute="peak")
         for nbytes in SWEEP_BYTES:
             rows[f"all-reduce {dt.memory.format_bytes(nbytes)}, {gpus} GPUs"] = (
@@ -156,16 +161,17 @@ def host_seconds_per_op(ops=2000) -> float:
     return issued / ops
 
 
-def resnet50_rate(rank, world_size, batch, steps=10, warmup=5):
-    """Images per second of ResNet-50 AMP training on this rank's GPU (with
-    DDP when world_size > 1); run in this process or by dt.run."""
+def resnet50_rate(rank, world_size, batch, ddp=True, steps=10, warmup=5):
+    """Images per second of ResNet-50 AMP training on this rank's GPU, all
+    ranks together: in this process (ddp=False), or on dt.run's ranks in
+    torch's DDP, whose gradients nccl all-reduces (one rank too)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ddp_teach.models import resnet50
     torch.cuda.set_device(rank % torch.cuda.device_count())
     model = resnet50(device="cuda").to(memory_format=torch.channels_last)
-    if world_size > 1:
+    if ddp:
         model = DDP(model, device_ids=[torch.cuda.current_device()])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     scaler = torch.amp.GradScaler("cuda")
@@ -183,7 +189,7 @@ def resnet50_rate(rank, world_size, batch, steps=10, warmup=5):
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
-    if world_size > 1:
+    if ddp:
         dist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
@@ -207,12 +213,11 @@ def measured(device: str, cluster, gpus: int, batch: int, failures: list) -> dic
     attempt("host", lambda: rows.__setitem__(
         "host time of one small eager operation", host_seconds_per_op() * 1e6))
     attempt("ResNet-50 on 1 GPU", lambda: rows.__setitem__(
-        f"ResNet-50 AMP, batch {batch}, 1 GPU", resnet50_rate(0, 1, batch)))
+        f"ResNet-50 AMP, batch {batch}, 1 GPU", resnet50_rate(0, 1, batch, ddp=False)))
+    attempt("ResNet-50 with DDP through dt.run", lambda: rows.__setitem__(
+        ddp_row(batch, gpus), sum(dt.run(resnet50_rate, gpus, args=(batch,),
+                                         timeout=300)) / gpus))
     if gpus > 1:
-        attempt("ResNet-50 with DDP", lambda: rows.__setitem__(
-            f"ResNet-50 AMP, batch {batch}, DDP on {gpus} GPUs",
-            sum(dt.run(resnet50_rate, gpus, args=(batch,), timeout=300)) / gpus))
-
         def sweep():  # sizes rounded to whole elements per rank: named as asked
             swept = dt.cost.bandwidth_sweep(gpus, SWEEP_BYTES, iters=20, warmup=5,
                                             timeout=300)

@@ -44,8 +44,13 @@ def test_the_simulated_column_of_two_t4s(bench):
     assert all(value > 0 for value, _ in rows.values())
     sweep = [value for what, (value, unit) in rows.items() if what.startswith("all-reduce")]
     assert len(sweep) == len(bench.SWEEP_BYTES) and sweep == sorted(sweep)
-    assert rows["ResNet-50 AMP, batch 128, DDP on 2 GPUs"][0] > \
-        rows["ResNet-50 AMP, batch 128, 1 GPU"][0]
+    assert rows[bench.ddp_row(128, 2)][0] > rows["ResNet-50 AMP, batch 128, 1 GPU"][0]
+
+
+def test_one_gpu_still_gets_a_ddp_row_through_the_launcher(bench):
+    rows = bench.simulated("H100 SXM", None, 1, 256)   # an H100 PCIe box
+    assert rows[bench.ddp_row(256, 1)] == rows["ResNet-50 AMP, batch 256, 1 GPU"]
+    assert not any(what.startswith("all-reduce") for what in rows)
 
 
 def test_a_dry_run_prints_and_writes_nothing(bench, capsys, tmp_path, monkeypatch):
