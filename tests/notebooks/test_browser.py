@@ -212,9 +212,13 @@ class Page:
         return self.driver.execute_script(NOTEBOOK_STATE_JS)
 
     def wait(self, condition, timeout: float, what: str):
+        from selenium.common.exceptions import StaleElementReferenceException
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            value = condition()
+            try:
+                value = condition()
+            except StaleElementReferenceException:
+                value = None  # the page redrew what the condition held: look again
             if value:
                 return value
             time.sleep(0.25)
