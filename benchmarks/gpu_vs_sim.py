@@ -198,7 +198,7 @@ def resnet50_rate(rank, world_size, batch, ddp=True, steps=10, warmup=5):
     return world_size * batch * steps / (time.perf_counter() - start)
 
 
-def measured(device: str, cluster, gpus: int, batch: int, failures: list) -> dict:
+def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
     """{row name: measured value}; a part that fails is named in `failures`
     (with its error) and the others still run."""
     rows = {}
@@ -283,7 +283,7 @@ def main(argv) -> int:
     batch = 256 if DEVICES[device].memory_bytes >= 40e9 else 128
     simulated_rows = simulated(device, cluster, gpus, batch)
     failures = []
-    measured_rows = {} if dry else measured(device, cluster, gpus, batch, failures)
+    measured_rows = {} if dry else measured(device, gpus, batch, failures)
     text = report(name, gpus, preset, simulated_rows, measured_rows, failures,
                   time.perf_counter() - started, dry)
     if not dry:
