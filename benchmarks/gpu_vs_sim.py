@@ -15,6 +15,9 @@ and sets each figure beside what the simulator predicts for the same GPU
   every GPU through `dt.run` (the course's launcher, whose "auto" backend is
   nccl for CUDA tensors): the nccl path's first run; the simulator's
   `predict.profile` + `predict.bucketed_ddp` on meta tensors;
+- the capstone's DDP step (notebook 10: TinyGPT, fp32, AdamW) on one GPU
+  through `dt.run`, against `dt.sim.one_rank` on the same preset: a step so
+  small that the host's time per operation sets it;
 - with two GPUs or more, an all-reduce sweep (`dt.cost.bandwidth_sweep`, nccl)
   against the cluster preset's NCCL model (`ddp_teach.sim.comm`).
 
@@ -43,6 +46,9 @@ from published_runs import resnet50_images_per_s  # noqa: E402
 MATMULS = ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 13312))
 COPY_BYTES = 2 ** 30
 ATTENTION = (2, 16, 8192, 128)  # batch, heads, tokens, head dim (as published rows)
+# notebook 10's model and batch: (context, width, layers, heads), rows per rank
+CAPSTONE, CAPSTONE_BATCH = (64, 64, 2, 4), 8
+CAPSTONE_ROW = "capstone DDP step (notebook 10's TinyGPT, fp32, AdamW), 1 GPU"
 SWEEP_BYTES = [2 ** k for k in (10, 14, 17, 20, 23, 26, 28)]
 # (words in the GPU's name, device preset, cluster preset or None, a caveat)
 PRESETS = (
@@ -97,6 +103,9 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     if gpus == 1 or cluster is not None:
         rows[ddp_row(batch, gpus)] = (
             resnet50_images_per_s(device, cluster, gpus, batch), "images/s")
+    simulation = Simulation(device, cluster=cluster) if cluster else Simulation(device)
+    _, timeline = dt.sim.one_rank(capstone_step, 1, simulation)
+    rows[CAPSTONE_ROW] = (timeline.after_last_barrier().summary()[0]["span_s"] * 1e3, "ms")
     if gpus > 1 and cluster is not None:
         sim = Simulation(device, cluster=cluster, compute="peak")
         for nbytes in SWEEP_BYTES:
@@ -198,6 +207,42 @@ def resnet50_rate(rank, world_size, batch, ddp=True, steps=10, warmup=5):
     return world_size * batch * steps / (time.perf_counter() - start)
 
 
+def capstone_step(rank, world_size, device="cpu", steps=1, warmup=2):
+    """Seconds per step of notebook 10's DDP step on `device`, timed from a
+    barrier after `warmup` steps. Under `dt.sim.one_rank` (steps=1) the
+    simulated timeline after that barrier is the step; in `dt.run` on a GPU
+    the wall clock over `steps` steps, the GPU drained at both ends."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    context, width, layers, heads = CAPSTONE
+    vocab_size = dt.lm.CharVocab.from_text(dt.lm.stdlib_corpus()).size
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    model = dt.lm.TinyGPT(vocab_size, context, width, layers, heads).to(device)
+    model = DDP(model, device_ids=[torch.cuda.current_device()] if cuda else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3, foreach=True)
+    x, y = torch.randint(vocab_size, (2, CAPSTONE_BATCH, context), device=device)
+
+    def step():
+        dt.lm.next_token_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
+
+
 def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
     """{row name: measured value}; a part that fails is named in `failures`
     (with its error) and the others still run."""
@@ -217,6 +262,9 @@ def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
     attempt("ResNet-50 with DDP through dt.run", lambda: rows.__setitem__(
         ddp_row(batch, gpus), sum(dt.run(resnet50_rate, gpus, args=(batch,),
                                          timeout=300)) / gpus))
+    attempt("capstone step through dt.run", lambda: rows.__setitem__(
+        CAPSTONE_ROW, dt.run(capstone_step, 1, args=("cuda", 50, 10),
+                             timeout=300)[0] * 1e3))
     if gpus > 1:
         def sweep():  # sizes rounded to whole elements per rank: named as asked
             swept = dt.cost.bandwidth_sweep(gpus, SWEEP_BYTES, iters=20, warmup=5,

@@ -53,6 +53,14 @@ def test_one_gpu_still_gets_a_ddp_row_through_the_launcher(bench):
     assert not any(what.startswith("all-reduce") for what in rows)
 
 
+def test_the_capstone_step_it_times_runs_through_the_launcher(bench):
+    import ddp_teach as dt
+    (seconds,) = dt.run(bench.capstone_step, 1, args=("cpu", 2, 1), timeout=120)
+    assert seconds > 0
+    simulated, unit = bench.simulated("H100 SXM", "DGX H100", 1, 256)[bench.CAPSTONE_ROW]
+    assert unit == "ms" and simulated > 0
+
+
 def test_a_dry_run_prints_and_writes_nothing(bench, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "HERE", str(tmp_path))
     assert bench.main(["--dry-run", "NVIDIA H100 80GB HBM3"]) == 0
