@@ -22,6 +22,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+lscpu >"$out/cpu.txt" 2>&1  # the host issues every kernel: its speed is in the numbers
 python3 -c "import sys, torch, ddp_teach
 print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])" \

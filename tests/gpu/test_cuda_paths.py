@@ -2,6 +2,9 @@
 conftest.py): the launcher's nccl workers, the backend choice, exported
 scripts under torchrun, DataParallel on CUDA devices, the loss scaler and
 the 16-bit gradient hooks."""
+import os
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -113,7 +116,12 @@ def gpu_train(rank, world_size):
 
 def test_an_exported_script_picks_nccl_under_torchrun(tmp_path):
     script = dt.scripts.export(gpu_train, tmp_path / "gpu_train.py")
-    job = dt.scripts.torchrun(script, nproc_per_node=world(), echo=False)
+    # the script imports gpu_train from this file, as one exported from a
+    # learner's module would: its workers need this folder on their path
+    here = str(Path(__file__).parent)
+    path = os.pathsep.join(filter(None, (here, os.environ.get("PYTHONPATH"))))
+    job = dt.scripts.torchrun(script, nproc_per_node=world(), echo=False,
+                              env={"PYTHONPATH": path})
     assert job.ok, job.output
     total = sum(range(1, world() + 1))
     assert job.values == [[dt.system.GPU_AND_CPU, [float(total)] * 3]] * world()

@@ -15,6 +15,9 @@ def bench():
     spec = importlib.util.spec_from_file_location("gpu_vs_sim", BENCH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    # the step at width 2048 alone takes the CPU ~20 s to simulate: one
+    # wider width shows the rows are made
+    module.WIDER = module.WIDER[:1]
     return module
 
 
@@ -57,8 +60,17 @@ def test_the_capstone_step_it_times_runs_through_the_launcher(bench):
     import ddp_teach as dt
     (seconds,) = dt.run(bench.capstone_step, 1, args=("cpu", 2, 1), timeout=120)
     assert seconds > 0
-    simulated, unit = bench.simulated("H100 SXM", "DGX H100", 1, 256)[bench.CAPSTONE_ROW]
-    assert unit == "ms" and simulated > 0
+    (phases,) = dt.run(bench.capstone_step, 1, args=("cpu", 2, 1), kwargs={"phases": True},
+                       timeout=120)
+    assert list(phases) == list(bench.PHASES) and all(s > 0 for s in phases.values())
+    rows = bench.simulated("H100 SXM", "DGX H100", 1, 256)
+    step, unit = rows[bench.CAPSTONE_ROW]
+    assert unit == "ms" and step > 0
+    # the phases, each read to the end of its last kernel, add up to the step
+    parts = sum(rows[bench.phase_row(phase)][0] for phase in bench.PHASES)
+    assert parts == pytest.approx(step, rel=1e-9)
+    width, _ = bench.WIDER[0]
+    assert rows[bench.wider_row(width)][0] > step   # more arithmetic, not fewer kernels
 
 
 def test_a_dry_run_prints_and_writes_nothing(bench, capsys, tmp_path, monkeypatch):
