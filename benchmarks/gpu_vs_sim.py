@@ -41,16 +41,13 @@ sys.path.insert(0, HERE)
 import ddp_teach as dt  # noqa: E402
 from ddp_teach.sim import DEVICES, efficiency, published  # noqa: E402
 from ddp_teach.sim.simulation import Simulation  # noqa: E402
-from ddp_teach.tracing.events import COMPUTE  # noqa: E402
+from capstone_step import PHASES, capstone_step, simulated_capstone, simulated_phases  # noqa: E402,E501
 from published_runs import resnet50_images_per_s  # noqa: E402
 
 MATMULS = ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 13312))
 COPY_BYTES = 2 ** 30
 ATTENTION = (2, 16, 8192, 128)  # batch, heads, tokens, head dim (as published rows)
-# notebook 10's model and batch: (context, width, layers, heads), rows per rank
-CAPSTONE, CAPSTONE_BATCH = (64, 64, 2, 4), 8
 CAPSTONE_ROW = "capstone DDP step (notebook 10's TinyGPT, fp32, AdamW), 1 GPU"
-PHASES = ("forward", "backward", "optimizer")
 # the same step at larger widths, (width, heads): where the GPU, not the host,
 # sets the pace
 WIDER = ((512, 8), (2048, 32))
@@ -117,16 +114,13 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
         rows[ddp_row(batch, gpus)] = (
             resnet50_images_per_s(device, cluster, gpus, batch), "images/s")
     simulation = Simulation(device, cluster=cluster) if cluster else Simulation(device)
-    _, timeline = dt.sim.one_rank(capstone_step, 1, simulation)
-    step = timeline.after_last_barrier()
+    step = simulated_capstone(simulation)
     rows[CAPSTONE_ROW] = (step.summary()[0]["span_s"] * 1e3, "ms")
     for phase, seconds in simulated_phases(step).items():
         rows[phase_row(phase)] = (seconds * 1e3, "ms")
     for width, heads in WIDER:
-        _, timeline = dt.sim.one_rank(capstone_step, 1, simulation,
-                                      kwargs={"width": width, "heads": heads})
-        rows[wider_row(width)] = (
-            timeline.after_last_barrier().summary()[0]["span_s"] * 1e3, "ms")
+        rows[wider_row(width)] = (simulated_capstone(simulation, width, heads).summary()[0][
+            "span_s"] * 1e3, "ms")
     if gpus > 1 and cluster is not None:
         sim = Simulation(device, cluster=cluster, compute="peak")
         for nbytes in SWEEP_BYTES:
@@ -226,74 +220,6 @@ def resnet50_rate(rank, world_size, batch, ddp=True, steps=10, warmup=5):
         step()
     torch.cuda.synchronize()
     return world_size * batch * steps / (time.perf_counter() - start)
-
-
-def capstone_step(rank, world_size, device="cpu", steps=1, warmup=2, width=CAPSTONE[1],
-                  heads=CAPSTONE[3], phases=False):
-    """Seconds per step of notebook 10's DDP step on `device` (its model at
-    `width` with `heads` heads), timed from a barrier after `warmup` steps.
-    Under `dt.sim.one_rank` (steps=1) the simulated timeline after that
-    barrier is the step; in `dt.run` on a GPU the wall clock over `steps`
-    steps, the GPU drained at both ends. phases=True: {phase: seconds per
-    step} instead, the GPU drained after each phase (which adds its wait)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    context, _, layers, _ = CAPSTONE
-    vocab_size = dt.lm.CharVocab.from_text(dt.lm.stdlib_corpus()).size
-    cuda = device == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    drain = torch.cuda.synchronize if cuda else (lambda: None)
-    model = dt.lm.TinyGPT(vocab_size, context, width, layers, heads).to(device)
-    model = DDP(model, device_ids=[torch.cuda.current_device()] if cuda else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3, foreach=True)
-    x, y = torch.randint(vocab_size, (2, CAPSTONE_BATCH, context), device=device)
-    spent = dict.fromkeys(PHASES, 0.0)
-
-    def step(mark=lambda phase: None):
-        loss = dt.lm.next_token_loss(model(x), y)
-        mark("forward")
-        loss.backward()
-        mark("backward")
-        optimizer.step()
-        optimizer.zero_grad()
-        mark("optimizer")
-
-    def mark(phase, last=[0.0]):
-        drain()
-        now = time.perf_counter()
-        if phase != "start":
-            spent[phase] += now - last[0]
-        last[0] = now
-
-    for _ in range(warmup):
-        step()
-    drain()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        if phases:
-            mark("start")
-            step(mark)
-        else:
-            step()
-    drain()
-    if phases:
-        return {phase: seconds / steps for phase, seconds in spent.items()}
-    return (time.perf_counter() - start) / steps
-
-
-def simulated_phases(timeline) -> dict:
-    """{phase: virtual seconds} of one simulated step: from the end of the
-    phase before (the step's start, for forward) to the end of its last
-    compute, as a wall clock that drains the GPU after each phase reads it."""
-    events = timeline.events
-    ends, before = {}, min(e.start for e in events)
-    for phase in PHASES:
-        end = max(e.end for e in events if e.kind == COMPUTE and e.name == phase)
-        ends[phase], before = end - before, end
-    return ends
 
 
 def measured(device: str, gpus: int, batch: int, failures: list) -> dict:

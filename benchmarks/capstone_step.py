@@ -1,0 +1,94 @@
+"""Notebook 10's DDP step, timed on a real GPU and on a simulated one.
+
+The capstone's model is so small that the host, issuing one kernel after
+another from Python, sets the pace of its step: the case where a simulator
+of the GPU has the least to say. `gpu_vs_sim.py` times this step on the
+GPUs at hand, whole and phase by phase, and at larger widths where the GPU
+takes over; `published_rows.py` keeps the times measured on the course's
+H100 beside the simulator's.
+"""
+import time
+
+import torch
+
+import ddp_teach as dt
+from ddp_teach.tracing.events import COMPUTE
+
+# notebook 10's model and batch: (context, width, layers, heads), rows per rank
+CAPSTONE, CAPSTONE_BATCH = (64, 64, 2, 4), 8
+PHASES = ("forward", "backward", "optimizer")
+
+
+def capstone_step(rank, world_size, device="cpu", steps=1, warmup=2, width=CAPSTONE[1],
+                  heads=CAPSTONE[3], phases=False):
+    """Seconds per step of notebook 10's DDP step on `device` (its model at
+    `width` with `heads` heads), timed from a barrier after `warmup` steps.
+    Under `dt.sim.one_rank` (steps=1) the simulated timeline after that
+    barrier is the step; in `dt.run` on a GPU the wall clock over `steps`
+    steps, the GPU drained at both ends. phases=True: {phase: seconds per
+    step} instead, the GPU drained after each phase (which adds its wait)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    context, _, layers, _ = CAPSTONE
+    vocab_size = dt.lm.CharVocab.from_text(dt.lm.stdlib_corpus()).size
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    drain = torch.cuda.synchronize if cuda else (lambda: None)
+    model = dt.lm.TinyGPT(vocab_size, context, width, layers, heads).to(device)
+    model = DDP(model, device_ids=[torch.cuda.current_device()] if cuda else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3, foreach=True)
+    x, y = torch.randint(vocab_size, (2, CAPSTONE_BATCH, context), device=device)
+    spent = dict.fromkeys(PHASES, 0.0)
+
+    def step(mark=lambda phase: None):
+        loss = dt.lm.next_token_loss(model(x), y)
+        mark("forward")
+        loss.backward()
+        mark("backward")
+        optimizer.step()
+        optimizer.zero_grad()
+        mark("optimizer")
+
+    def mark(phase, last=[0.0]):
+        drain()
+        now = time.perf_counter()
+        if phase != "start":
+            spent[phase] += now - last[0]
+        last[0] = now
+
+    for _ in range(warmup):
+        step()
+    drain()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        if phases:
+            mark("start")
+            step(mark)
+        else:
+            step()
+    drain()
+    if phases:
+        return {phase: seconds / steps for phase, seconds in spent.items()}
+    return (time.perf_counter() - start) / steps
+
+
+def simulated_capstone(simulation, width=CAPSTONE[1], heads=CAPSTONE[3]):
+    """The timeline of one simulated `capstone_step` on one GPU of `simulation`."""
+    _, timeline = dt.sim.one_rank(capstone_step, 1, simulation,
+                                  kwargs={"width": width, "heads": heads})
+    return timeline.after_last_barrier()
+
+
+def simulated_phases(timeline) -> dict:
+    """{phase: virtual seconds} of one simulated step: from the end of the
+    phase before (the step's start, for forward) to the end of its last
+    compute, as a wall clock that drains the GPU after each phase reads it."""
+    events = timeline.events
+    ends, before = {}, min(e.start for e in events)
+    for phase in PHASES:
+        end = max(e.end for e in events if e.kind == COMPUTE and e.name == phase)
+        ends[phase], before = end - before, end
+    return ends
