@@ -335,3 +335,24 @@ def test_traces_call_the_old_collectives_by_their_2_13_names_before_2_13(
     monkeypatch.setattr(compat, "TORCH", torch_version)
     names = ["all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"]
     assert [compat.traced_name(n) for n in names] == expected
+
+
+def gather_and_scatter(rank, world_size):
+    out = torch.empty(2 * world_size)
+    dist.barrier()
+    dist.all_gather_into_tensor(out, torch.ones(2))      # FSDP2's calls before 2.13
+    dist.reduce_scatter_tensor(torch.empty(2), out)
+
+
+@pytest.mark.parametrize("torch_version, expected", [
+    ((2, 12), ["all_gather_single", "reduce_scatter_single"]),
+    ((2, 13), ["all_gather_into_tensor", "reduce_scatter_tensor"]),
+])
+def test_a_timeline_names_the_old_collectives_as_torch_2_13_does(
+        monkeypatch, torch_version, expected):
+    # a trace of FSDP2 on torch 2.9-2.12 reads as on 2.13 (notebook 06 looks
+    # its all-gathers up by name): the recorder names each call traced_name's way
+    monkeypatch.setattr(compat, "TORCH", torch_version)
+    _, timeline = dt.sim.one_rank(gather_and_scatter, 2, dt.sim.Simulation("H100 SXM"))
+    comm = timeline.after_last_barrier().filter(kind="comm")
+    assert [e.name for e in comm.events] == expected

@@ -27,8 +27,10 @@ python3 -c "import sys, torch, ddp_teach
 print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])" \
     2>&1 | tee "$out/versions.txt"
-# addopts cleared: pyproject's name nbval's options, and nbval is not needed here
-timeout 330 python3 -m pytest -o addopts="" -m gpu -rs -p no:cacheprovider tests/gpu 2>&1 \
+# addopts cleared: pyproject's name nbval's options, and nbval is not needed
+# here; the notebooks side by side where pytest-xdist is there
+parallel=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
+timeout 480 python3 -m pytest -o addopts="" $parallel -m gpu -rs -p no:cacheprovider tests/gpu 2>&1 \
     | tee "$out/test-gpu.log"
 tests=${PIPESTATUS[0]}
 timeout 240 python3 benchmarks/gpu_vs_sim.py 2>&1 | tee "$out/bench-gpu.log"

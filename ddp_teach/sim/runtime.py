@@ -45,6 +45,7 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ddp_teach import compat
 from ddp_teach.sim.attention import fused_attention
 from ddp_teach.sim.charges import FREE_OPS, kernel_seconds, tensors_in
 from ddp_teach.sim.efficiency import overlapped_end
@@ -185,7 +186,8 @@ class SimulatedRecorder(Recorder):
         finally:
             local.depth = 0
             self.charging = True
-        self.add(getattr(local, "label", None) or name, COMM, start, end, nbytes)
+        self.add(getattr(local, "label", None) or compat.traced_name(name), COMM, start,
+                 end, nbytes)
         if bound.arguments.get("async_op"):
             self._pending.append(result)
             tensor = bound.arguments.get(data) if name in COLLECTIVES else None

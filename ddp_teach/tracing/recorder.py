@@ -25,6 +25,7 @@ import functools
 import threading
 import time
 
+from ddp_teach import compat
 from ddp_teach.tracing.events import COMM, Event
 
 RECORDED_CALLS = (  # every public torch.distributed call that moves data
@@ -106,7 +107,8 @@ class Recorder:
         local = self.local
         if getattr(local, "depth", 0):  # inside another recorded call
             return call(*args, **kwargs)
-        label = getattr(local, "label", None) or name
+        # torch 2.13's names on every torch (FSDP2 calls the old ones before 2.13)
+        label = getattr(local, "label", None) or compat.traced_name(name)
         nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs.values())
         start = time.perf_counter()
         local.depth = 1
