@@ -356,3 +356,16 @@ def test_a_timeline_names_the_old_collectives_as_torch_2_13_does(
     _, timeline = dt.sim.one_rank(gather_and_scatter, 2, dt.sim.Simulation("H100 SXM"))
     comm = timeline.after_last_barrier().filter(kind="comm")
     assert [e.name for e in comm.events] == expected
+
+
+def test_a_simulation_registers_meta_collectives_first(monkeypatch):
+    # torch 2.9-2.10 have c10d's meta kernels only once fake_collectives is
+    # imported: a simulated step on meta tensors must ask for them itself
+    asked = []
+    monkeypatch.setattr(compat, "register_meta_collectives", lambda: asked.append(True))
+
+    def broadcast_meta(rank, world_size):
+        dist.broadcast(torch.empty(4, device="meta"), src=0)
+
+    dt.sim.one_rank(broadcast_meta, 2, dt.sim.Simulation("H100 SXM"))
+    assert asked

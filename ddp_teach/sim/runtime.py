@@ -94,6 +94,7 @@ class SimulatedRecorder(Recorder):
 
     @contextlib.contextmanager
     def running(self):
+        compat.register_meta_collectives()  # a step on meta tensors, torch 2.9-2.10
         hooks = [register_optimizer_step_pre_hook(lambda *_: self._enter_optimizer(1)),
                  register_optimizer_step_post_hook(lambda *_: self._enter_optimizer(-1))]
         try:
