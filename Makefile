@@ -111,11 +111,11 @@ test-isa: setup
 	echo "== ATEN_CPU_CAPABILITY=default"
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q $(NUMERICAL_TESTS)
 
-# The unit tests under the oldest and newest torch and Python the course
-# calls known good (ddp_teach/compat.py), in environments built once under
-# ~/.cache/ddp_teach/versions (a few GB each from PyPI).
+# The unit tests and every notebook under the oldest and newest torch and
+# Python the course calls known good (ddp_teach/compat.py), in environments
+# built once under ~/.cache/ddp_teach/versions (a few GB each from PyPI).
 test-versions: setup
-	$(BIN)/python tools/check_other_versions.py
+	$(BIN)/python tools/check_other_versions.py --notebooks
 
 # The notebooks' install cell, then notebooks 00 and 01, in an environment
 # with Colab's kernel-side versions (built once under ~/.cache/ddp_teach; a

@@ -32,15 +32,20 @@ def _capstone_ms(width: int, heads: int) -> float:
     return step.summary()[0]["span_s"] * 1e3
 
 
+PHASES = ("forward", "backward", "optimizer")
+DRAIN_S = sum(CAPSTONE_STEP_H100[phase] for phase in PHASES) - CAPSTONE_STEP_H100["step"]
 HOST_BOUND = (
     "the simulator charges every operation 7 us of host time, what one eager op costs "
     "to issue (this machine: 7.6 us); a training step pays more per operation (module "
     "calls, the autograd engine, DDP's hooks, AdamW's Python). Phase by phase, the GPU "
     "drained after each, the real step took " + ", ".join(
         f"{CAPSTONE_STEP_H100[phase] * 1e3:.2f} ms of {phase}"
-        for phase in ("forward", "backward", "optimizer"))
-    + " (simulated: benchmarks/gpu_vs_sim.md): the missing host time is mostly in "
-    "forward and backward")
+        for phase in PHASES)
+    + " (simulated: benchmarks/gpu_vs_sim.md), together "
+    f"{DRAIN_S * 1e3:.1f} ms "
+    "more than the undrained step: the drains cost time too, so the split is rough, but the "
+    "missing time is mostly in forward and backward. A profile of the step on the "
+    "GPU would tell host time from kernel time; none was taken")
 CAPSTONE_CONFIG = ("notebook 10's TinyGPT (2 layers, 8 x 64 tokens, fp32), AdamW "
                    "(foreach), torch's DDP on one rank of dt.run over nccl")
 

@@ -4,8 +4,10 @@ and Python the course declares known good (ddp_teach/compat.py).
 The course is developed on one torch (constraints.txt); learners bring
 theirs. This builds one virtual environment per (Python, torch) pair,
 installs that torch from PyPI with what the unit tests need, and runs the
-unit tests there from this checkout (not the notebooks, not the browser
-test), then prints a summary. By default:
+unit tests there from this checkout (with --notebooks, every notebook too,
+through nbval: a torch older than the course's has broken notebooks whose
+unit tests passed; never the browser test), then prints a summary. By
+default:
 
 - Python 3.11 with torch 2.14.1, the newest torch the course knows
   (compat.TORCH_NEWEST);
@@ -16,7 +18,8 @@ The environments are built once in ~/.cache/ddp_teach/versions/
 (XDG_CACHE_HOME), a few GB each for torch's CUDA libraries; a CUDA build
 runs on the CPU. Not part of `make test`: it takes longer than CI has.
 
-    python tools/check_other_versions.py [--env 3.12:2.9.0 ...] [-- PYTEST ARGS]
+    python tools/check_other_versions.py [--env 3.12:2.9.0 ...] [--notebooks]
+        [-- PYTEST ARGS]
 """
 import argparse
 import glob
@@ -33,11 +36,13 @@ DEFAULT_ENVS = ("3.11:2.14.1", "3.12:2.9.0")
 # what the unit tests import besides torch: pyproject's dependencies, a
 # kernel (tests/launcher/test_kernel.py runs one) and pytest
 TEST_NEEDS = ("numpy", "matplotlib", "cloudpickle", "psutil", "ipython",
-              "ipywidgets", "ipykernel", "nbformat", "nbclient", "pytest",
+              "ipywidgets", "ipykernel", "nbformat", "nbclient", "nbval", "pytest",
               "pytest-timeout")
 UNIT_TESTS = ("tests/test_compat.py", "tests/test_package.py", "tests/test_system.py",
               "tests/course", "tests/sim", "tests/tracing", "tests/launcher",
               "tests/exercises")
+NOTEBOOK_ARGS = ("--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=120",
+                 "notebooks")
 
 
 def find_python(version: str) -> str:
@@ -71,15 +76,17 @@ def build(venv: Path, python: str, torch: str, index_url: str | None) -> Path:
     return venv / "bin" / "python"
 
 
-def run_tests(python: Path, report: Path, pytest_args) -> dict:
-    """Run the unit tests with this interpreter; the counts from its report."""
+def run_tests(python: Path, report: Path, pytest_args, notebooks=False) -> dict:
+    """Run the unit tests (and the notebooks) with this interpreter; the
+    counts from its report."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(ROOT)  # this checkout's package, not an installed one
     report.unlink(missing_ok=True)  # a crashed run must not read the last one's
     started = time.monotonic()
     done = subprocess.run(
         [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-         "--timeout=300", f"--junitxml={report}", *pytest_args, *UNIT_TESTS],
+         "--timeout=300", f"--junitxml={report}", *pytest_args, *UNIT_TESTS,
+         *(NOTEBOOK_ARGS if notebooks else ())],
         cwd=ROOT, env=env)
     counts = {"exit": done.returncode, "seconds": time.monotonic() - started}
     if report.exists():
@@ -103,6 +110,8 @@ def main(argv=None) -> int:
                              f"default: {' and '.join(DEFAULT_ENVS)})")
     parser.add_argument("--index-url", help="where pip finds torch (e.g. "
                         "https://download.pytorch.org/whl/cpu for CPU builds)")
+    parser.add_argument("--notebooks", action="store_true",
+                        help="run every notebook too (nbval), about 5 minutes more each")
     parser.add_argument("pytest_args", nargs="*",
                         help="passed to pytest, after --, e.g. -- -x -k ring")
     options = parser.parse_args(argv)
@@ -123,7 +132,7 @@ def main(argv=None) -> int:
             continue
         print(f"\n=== {name}: {versions(python)}", flush=True)
         results.append((name, run_tests(python, base / name / "report.xml",
-                                        options.pytest_args)))
+                                        options.pytest_args, options.notebooks)))
     print("\nenvironment                 tests  failed  errors  skipped  minutes")
     for name, counts in results:
         print(f"{name:<26} {counts.get('tests', '?'):>6} {counts.get('failures', '?'):>7} "
