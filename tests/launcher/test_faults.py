@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_teach as dt
+from ddp_teach.launcher.output import GLOO_CONNECTED
 
 TIMEOUT = 6.0
 SLACK = 5.0  # the contract: every fault ends within timeout + 5 s
@@ -174,8 +175,10 @@ def test_ten_megabytes_of_output_all_reach_the_log_and_the_cell_is_capped(capsys
     assert "the cell shows only the first" in shown.err
     assert len(shown.out) <= 1_100_000
     for rank in (0, 1):
-        size = os.path.getsize(os.path.join(result.log_dir, f"rank{rank}.log"))
-        assert size == 100_000 * len(line)
+        with open(os.path.join(result.log_dir, f"rank{rank}.log")) as log:
+            # less what torch 2.8-2.10's gloo prints when it connects
+            kept = GLOO_CONNECTED.sub("", log.read()).lstrip("\n")
+        assert kept == line * 100_000
 
 
 def test_keyboard_interrupt_stops_every_worker_and_the_next_run_works():

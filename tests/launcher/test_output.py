@@ -6,7 +6,7 @@ import os
 import pytest
 
 import ddp_teach as dt
-from ddp_teach.launcher.output import OutputRouter
+from ddp_teach.launcher.output import GLOO_CONNECTED, OutputRouter
 
 
 def test_python_prints_come_back_prefixed_with_their_rank(capsys):
@@ -51,7 +51,8 @@ def test_every_rank_output_is_kept_in_a_log_file():
     result = dt.run(lambda r, w: print("logged", r), 2)
     for rank in range(2):
         with open(os.path.join(result.log_dir, f"rank{rank}.log")) as log:
-            assert log.read() == f"logged {rank}\n"
+            # the log keeps what torch 2.8-2.10's gloo prints at connection too
+            assert GLOO_CONNECTED.sub("", log.read()).lstrip("\n") == f"logged {rank}\n"
 
 
 def test_router_joins_lines_split_across_chunks_and_utf8_characters(tmp_path):
