@@ -41,6 +41,7 @@ def capstone_step(rank, world_size, device="cpu", steps=1, warmup=2, width=CAPST
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3, foreach=True)
     x, y = torch.randint(vocab_size, (2, CAPSTONE_BATCH, context), device=device)
     spent = dict.fromkeys(PHASES, 0.0)
+    last_mark = [0.0]
 
     def step(mark=lambda phase: None):
         loss = dt.lm.next_token_loss(model(x), y)
@@ -51,12 +52,13 @@ def capstone_step(rank, world_size, device="cpu", steps=1, warmup=2, width=CAPST
         optimizer.zero_grad()
         mark("optimizer")
 
-    def mark(phase, last=[0.0]):
+    def mark(phase):
+        """Drain the GPU and charge the time since the last mark to `phase`."""
         drain()
         now = time.perf_counter()
         if phase != "start":
-            spent[phase] += now - last[0]
-        last[0] = now
+            spent[phase] += now - last_mark[0]
+        last_mark[0] = now
 
     for _ in range(warmup):
         step()
