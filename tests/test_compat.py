@@ -344,6 +344,7 @@ def gather_and_scatter(rank, world_size):
     dist.reduce_scatter_tensor(torch.empty(2), out)
 
 
+@pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")  # the old names, on purpose
 @pytest.mark.parametrize("torch_version, expected", [
     ((2, 12), ["all_gather_single", "reduce_scatter_single"]),
     ((2, 13), ["all_gather_into_tensor", "reduce_scatter_tensor"]),
