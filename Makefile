@@ -117,12 +117,12 @@ test-isa: setup
 test-versions: setup
 	$(BIN)/python tools/check_other_versions.py --notebooks
 
-# The notebooks' install cell, then notebooks 00 and 01, in an environment
-# with Colab's kernel-side versions (built once under ~/.cache/ddp_teach; a
-# few GB from PyPI). COLAB_PYTHON: a Python 3.12, as Colab runs.
+# The notebooks' install cell, then every notebook, in an environment with
+# Colab's kernel-side versions (built once under ~/.cache/ddp_teach; a few
+# GB from PyPI; about 10 minutes). COLAB_PYTHON: a Python 3.12, as Colab runs.
 COLAB_PYTHON ?= python3.12
 test-colab: setup
-	$(BIN)/python tools/check_colab_like.py --python $(COLAB_PYTHON)
+	$(BIN)/python tools/check_colab_like.py --python $(COLAB_PYTHON) --all
 
 # Each benchmark writes its own section; results.md is the two together.
 bench: setup

@@ -1,5 +1,6 @@
-"""`make test-colab`: the notebooks' install cell, then notebooks 00 and 01,
-in a virtual environment that holds what Colab's kernel runs on.
+"""`make test-colab`: the notebooks' install cell, then notebooks 00 and 01
+(with --all, every notebook after them), in a virtual environment that
+holds what Colab's kernel runs on.
 
 Colab's kernel side is old where the course's `make setup` is new: IPython
 7.34, ipykernel 6.17, ipywidgets 7.7 and the torch Colab ships. On Colab a
@@ -12,7 +13,7 @@ IPython, ipykernel and ipywidgets, and that no cell failed.
 The environment is built once in ~/.cache/ddp_teach/ (XDG_CACHE_HOME), with
 pip from PyPI: a few GB for torch's CUDA libraries. Not part of `make test`.
 
-    python tools/check_colab_like.py [--python python3.12] [--torch 2.6.0]
+    python tools/check_colab_like.py [--python python3.12] [--torch 2.9.0] [--all]
 """
 import argparse
 import json
@@ -84,6 +85,8 @@ def main(argv=None) -> int:
                         help="the interpreter of the environment (Colab runs 3.12)")
     parser.add_argument("--torch", default="2.9.0",
                         help="the platform's torch (the oldest the course supports)")
+    parser.add_argument("--all", action="store_true",
+                        help="after 00 and 01, every other notebook too (minutes more)")
     options = parser.parse_args(argv)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddp_teach"
     python = build(cache / "colab-like", options.python, options.torch)
@@ -96,7 +99,9 @@ def main(argv=None) -> int:
     env.update(DDP_TEACH_SOURCE=str(ROOT), PATH=f"{python.parent}:{env['PATH']}")
     failed = []
     with tempfile.TemporaryDirectory(prefix="colab-like-") as folder:
-        for name in NOTEBOOKS:
+        others = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
+                        if p.name not in NOTEBOOKS) if options.all else []
+        for name in (*NOTEBOOKS, *others):
             copy = Path(folder) / name
             shutil.copy(ROOT / "notebooks" / name, copy)
             run = subprocess.run([str(python), "-c", EXECUTE, str(copy), folder],

@@ -4,7 +4,7 @@
 # machines of this project's workplace): the course runs from this checkout
 # (PYTHONPATH, nothing installed over that torch), then
 #   1. tests/gpu (`make test-gpu`'s tests: the nccl and CUDA paths, and
-#      notebooks 01, 03 and 05 top to bottom),
+#      every notebook top to bottom, 01, 03 and 05 first),
 #   2. benchmarks/gpu_vs_sim.py (`make bench-gpu`: this machine's GPUs against
 #      the simulator's prediction for them).
 # Logs and benchmarks/gpu_vs_sim.md go to $OUT, or ./gpu-check.
