@@ -4,10 +4,10 @@ holds what Colab's kernel runs on.
 
 Colab's kernel side is old where the course's `make setup` is new: IPython
 7.34, ipykernel 6.17, ipywidgets 7.7 and the torch Colab ships. On Colab a
-notebook arrives alone, so this copies notebooks 00 and 01 into an empty
-folder, runs them with that environment's kernel, and lets their first cell
-install the package from this checkout (DDP_TEACH_SOURCE) as it would from
-the repository. It then checks that the install kept the platform's torch,
+notebook arrives alone, so this copies each notebook it runs into an empty
+folder, runs it with that environment's kernel, and lets the first cell of
+00 install the package from this checkout (DDP_TEACH_SOURCE) as it would
+from the repository; the later notebooks' install cells find it there. It then checks that the install kept the platform's torch,
 IPython, ipykernel and ipywidgets, and that no cell failed.
 
 The environment is built once in ~/.cache/ddp_teach/ (XDG_CACHE_HOME), with
