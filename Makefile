@@ -124,7 +124,8 @@ COLAB_PYTHON ?= python3.12
 test-colab: setup
 	$(BIN)/python tools/check_colab_like.py --python $(COLAB_PYTHON) --all
 
-# Each benchmark writes its own section; results.md is the two together.
+# Each benchmark writes its own section (benchmarks/section.py); results.md
+# is all of them together.
 bench: setup
 	$(BIN)/python benchmarks/launcher_latency.py
 	$(BIN)/python benchmarks/timeline_overlap.py

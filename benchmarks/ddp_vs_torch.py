@@ -36,8 +36,8 @@ import torch
 import ddp_teach as dt
 from ddp_teach.models import reference_mlp
 from ddp_teach.system import threads_per_rank
+from section import publish
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WIDTH, DEPTH, BATCH = 1024, 8, 256
 WORLD_SIZES = (2, 4)
 WARMUP_STEPS, STEPS, REPEATS = 1, 4, 3
@@ -231,9 +231,7 @@ def main() -> None:
         results[world_size] = measure(world_size)
         print(f"world {world_size}: {results[world_size]['ms']}", file=sys.stderr)
     text = report(results, time.perf_counter() - started)
-    with open(os.path.join(HERE, "ddp_vs_torch.md"), "w") as f:
-        f.write(text)
-    print(text)
+    publish("ddp_vs_torch.md", text)
 
 
 if __name__ == "__main__":

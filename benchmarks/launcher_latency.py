@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_teach as dt
+from section import publish
 
 WORLD_SIZES = (2, 4)
 WARM_RUNS = 15
@@ -41,8 +42,6 @@ SUBPROCESS_TIMEOUT_S = 120
 WARM_TARGET_WORLD_SIZE = 4
 WARM_TARGET_S = 0.3
 COLD_OVER_SPAWN_TARGET = 1.2
-RESULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                            "launcher_latency.md")
 
 
 def all_reduce_one(rank, world_size):
@@ -208,9 +207,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="launcher-latency-") as workdir:
         cold_and_spawn = cold_and_spawn_latencies(workdir)
     markdown = report(warm, cold_and_spawn)
-    with open(RESULTS_PATH, "w") as f:
-        f.write(markdown)
-    print(markdown)
+    publish("launcher_latency.md", markdown)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,13 @@ import statistics
 import torch
 
 import ddp_teach as dt
+from section import publish
 
 WORLD_SIZE = 2
 CALLS = 20_000
 STEPS = 300
 REPEATS = 5
 TARGET_FRACTION = 0.01  # of a small step
-RESULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                            "progress_cost.md")
 
 
 def per_call_seconds(rank, world_size, report: bool) -> float:
@@ -115,9 +114,7 @@ def report(medians: dict) -> str:
 
 def main() -> None:
     text = report(measure())
-    with open(RESULTS_PATH, "w") as f:
-        f.write(text)
-    print(text)
+    publish("progress_cost.md", text)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import ddp_teach as dt
 from ddp_teach import cost
 from ddp_teach.collectives import ring_allreduce
+from section import publish
 
 WORLD_SIZE = 4
 SIZES_BYTES = (1 << 20, 4 << 20, 16 << 20)  # 1, 4 and 16 MiB of float32
@@ -37,8 +38,6 @@ REPETITIONS = 25
 TARGET_FROM_BYTES = 4 << 20
 TARGET_RATIO = 0.5  # ring bandwidth / gloo bandwidth
 IMPLEMENTATIONS = {"ring": ring_allreduce, "gloo": dist.all_reduce}
-RESULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                            "ring_vs_gloo.md")
 
 
 def timed_calls(rank, world_size, sizes, repetitions, warmup):
@@ -168,9 +167,7 @@ def main() -> None:
     per_rank = dt.run(timed_calls, WORLD_SIZE, timeout=300,
                       args=(SIZES_BYTES, REPETITIONS, WARMUP))
     markdown = report(slowest_rank_medians(per_rank), per_rank[0]["threads"])
-    with open(RESULTS_PATH, "w") as f:
-        f.write(markdown)
-    print(markdown)
+    publish("ring_vs_gloo.md", markdown)
 
 
 if __name__ == "__main__":

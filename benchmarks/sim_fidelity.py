@@ -31,8 +31,8 @@ import torch.nn.functional as F
 import ddp_teach as dt
 from ddp_teach.models import reference_mlp
 from ddp_teach.sim import Simulation, one_rank, predict
+from section import publish
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WIDTH, DEPTH, BATCH = 1024, 8, 256
 LINKS = ("PCIe 4 x16", "NVLink 4")
 WORLD_SIZES = (2, 4, 8)
@@ -210,9 +210,7 @@ def main() -> None:
     rows = fidelity_rows() + pipeline_rows() + zero3_rows()
     scale_s = scale_seconds()
     text = report(rows, scale_s, time.perf_counter() - started)
-    with open(os.path.join(HERE, "sim_fidelity.md"), "w") as f:
-        f.write(text)
-    print(text)
+    publish("sim_fidelity.md", text)
 
 
 if __name__ == "__main__":

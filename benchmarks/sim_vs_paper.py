@@ -23,15 +23,14 @@ benchmarks/sim_vs_paper.py`). Writes benchmarks/sim_vs_paper.md.
 import datetime
 import os
 import platform
-import time
 
 import torch
 
 from ddp_teach.cost import Link
 from ddp_teach.models import resnet50
 from ddp_teach.sim import Device, Simulation, predict
+from section import measure_and_publish
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_SPEEDUP = 0.38
 BATCH = 32
 V100 = Device("V100 SXM2", {"float32": 15.7e12, "float16": 125e12},
@@ -128,11 +127,7 @@ def report(table, took_s: float) -> str:
 
 
 def main() -> None:
-    started = time.perf_counter()
-    text = report(rows(), time.perf_counter() - started)
-    with open(os.path.join(HERE, "sim_vs_paper.md"), "w") as f:
-        f.write(text)
-    print(text)
+    measure_and_publish("sim_vs_paper.md", rows, report)
 
 
 if __name__ == "__main__":

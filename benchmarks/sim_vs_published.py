@@ -23,7 +23,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import torch
 
@@ -32,6 +31,7 @@ sys.path.insert(0, HERE)
 
 from published_rows import ROWS  # noqa: E402
 from ddp_teach.sim.published import HIGH, LOW  # noqa: E402
+from section import measure_and_publish  # noqa: E402
 
 
 def results():
@@ -123,12 +123,7 @@ def report(table, took_s: float) -> str:
 
 
 def main() -> None:
-    started = time.perf_counter()
-    table = results()
-    text = report(table, time.perf_counter() - started)
-    with open(os.path.join(HERE, "sim_vs_published.md"), "w") as f:
-        f.write(text)
-    print(text)
+    measure_and_publish("sim_vs_published.md", results, report)
 
 
 if __name__ == "__main__":

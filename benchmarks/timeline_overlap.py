@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 import ddp_teach as dt
 from ddp_teach.models import reference_mlp
+from section import publish
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD_SIZE, WIDTH, DEPTH, BATCH = 2, 1024, 8, 256
@@ -104,9 +105,7 @@ def main() -> None:
         + ", ".join(f"{t / p:.2f}" for t, p in zip(with_trace, plain)) + ".",
         "",
     ])
-    with open(os.path.join(HERE, "timeline_overlap.md"), "w") as f:
-        f.write(markdown)
-    print(markdown)
+    publish("timeline_overlap.md", markdown)
 
 
 if __name__ == "__main__":

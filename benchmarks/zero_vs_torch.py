@@ -40,8 +40,8 @@ from ddp_teach.models import reference_mlp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddp_vs_torch import machine  # noqa: E402 (the same machine line)
+from section import measure_and_publish  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WIDTH, DEPTH, BATCH, WORLD_SIZE = 1024, 8, 256, 2
 WARMUP_STEPS, STEPS, REPEATS = 1, 4, 3
 VARIANTS = {  # name: (ZeRO stage, whose)
@@ -187,12 +187,7 @@ def report(samples: dict, took_s: float) -> str:
 
 
 def main() -> None:
-    started = time.perf_counter()
-    samples = measure()
-    text = report(samples, time.perf_counter() - started)
-    with open(os.path.join(HERE, "zero_vs_torch.md"), "w") as f:
-        f.write(text)
-    print(text)
+    measure_and_publish("zero_vs_torch.md", measure, report)
 
 
 if __name__ == "__main__":
