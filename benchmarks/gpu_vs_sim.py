@@ -6,9 +6,11 @@ and sets each figure beside what the simulator predicts for the same GPU
 (its preset, picked from the GPU's name):
 
 - a bf16 (fp16 where bf16 is missing) matrix product of three shapes, a
-  1 GiB device-to-device copy, and fused attention forward and backward,
-  each timed with CUDA events; the simulator's achieved-rate model
-  (`ddp_teach.sim.efficiency`, as `ddp_teach.sim.published` uses it);
+  1 GiB device-to-device copy, and fused attention forward and backward
+  with each kernel the simulator knows for the GPU (FlashAttention-2, and
+  cuDNN's where torch prefers it), each timed with CUDA events; the
+  simulator's achieved-rate model (`ddp_teach.sim.efficiency`, as
+  `ddp_teach.sim.published` uses it);
 - the host time of one small eager operation (the simulator's
   `host_s_per_op`);
 - ResNet-50 training (AMP, SGD with momentum) on one GPU, and with DDP over
@@ -33,7 +35,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -43,6 +44,7 @@ from ddp_teach.sim import DEVICES, efficiency, published  # noqa: E402
 from ddp_teach.sim.simulation import Simulation  # noqa: E402
 from capstone_step import PHASES, capstone_step, simulated_capstone, simulated_phases  # noqa: E402,E501
 from published_runs import resnet50_images_per_s  # noqa: E402
+import gpu_timing as timing  # noqa: E402
 
 MATMULS = ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 13312))
 COPY_BYTES = 2 ** 30
@@ -55,6 +57,15 @@ WIDER = ((512, 8), (2048, 32))
 
 def wider_row(width: int) -> str:
     return f"the capstone's step at width {width}, 1 GPU"
+
+
+def attention_row(dtype: str, kernel: str) -> str:
+    return f"{dtype} attention, forward and backward, {kernel} kernel"
+
+
+def attention_kernels(device: str) -> tuple:
+    """The attention kernels the simulator has figures for on `device`."""
+    return ("flash",) + (("cudnn",) if DEVICES[device].achieved.attention_cudnn else ())
 
 
 def phase_row(phase: str) -> str:
@@ -105,8 +116,9 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
             published.matmul_tflops(device, m, n, k, dtype), "TFLOP/s")
     rows["copy 1 GiB, device to device"] = (2 * COPY_BYTES / efficiency.rate_seconds(
         d, d.achieved, "memory", 0, 2 * COPY_BYTES, burst=True) / 1e12, "TB/s")
-    rows[f"{dtype} attention, forward and backward"] = (
-        published.attention_tflops(device, *ATTENTION, dtype=dtype), "TFLOP/s")
+    for kernel in attention_kernels(device):
+        rows[attention_row(dtype, kernel)] = (published.attention_tflops(
+            device, *ATTENTION, kernel=kernel, dtype=dtype), "TFLOP/s")
     rows["host time of one small eager operation"] = (d.achieved.host_s_per_op * 1e6, "us")
     rows[f"ResNet-50 AMP, batch {batch}, 1 GPU"] = (
         resnet50_images_per_s(device, cluster, 1, batch), "images/s")
@@ -129,97 +141,13 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     return rows
 
 
-# ---- what the GPUs do -----------------------------------------------------------
-
-def cuda_seconds(fn, warmup=5, iters=20) -> float:
-    """Mean seconds of one fn() on the GPU, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
-
+# ---- what the GPUs do (timed by gpu_timing.py) -----------------------------------
 
 def measure_kernels(dtype: str) -> dict:
-    torch_dtype = getattr(torch, dtype)
-    rows = {}
-    for m, n, k in MATMULS:
-        a = torch.randn(m, k, device="cuda", dtype=torch_dtype)
-        b = torch.randn(k, n, device="cuda", dtype=torch_dtype)
-        rows[f"{dtype} matmul {m} x {n} x {k}"] = 2 * m * n * k / cuda_seconds(
-            lambda: a @ b) / 1e12
-    source = torch.empty(COPY_BYTES // 4, device="cuda")
-    target = torch.empty_like(source)
-    rows["copy 1 GiB, device to device"] = 2 * COPY_BYTES / cuda_seconds(
-        lambda: target.copy_(source)) / 1e12
-    del source, target
-    batch, heads, length, head_dim = ATTENTION
-    q, k, v = (torch.randn(batch, heads, length, head_dim, device="cuda",
-                           dtype=torch_dtype, requires_grad=True) for _ in range(3))
-    grad = torch.randn(batch, heads, length, head_dim, device="cuda", dtype=torch_dtype)
-
-    def attention():
-        F.scaled_dot_product_attention(q, k, v).backward(grad)
-
-    flops = 3.5 * efficiency.attention_flops(batch, heads, length, length, head_dim, False)
-    rows[f"{dtype} attention, forward and backward"] = flops / cuda_seconds(
-        attention, warmup=3, iters=10) / 1e12
+    rows = {f"{dtype} matmul {m} x {n} x {k}": timing.matmul_tflops(m, n, k, dtype)
+            for m, n, k in MATMULS}
+    rows["copy 1 GiB, device to device"] = timing.copy_tbps(COPY_BYTES)
     return rows
-
-
-def host_seconds_per_op(ops=2000) -> float:
-    """Wall-clock seconds per small eager operation issued from Python."""
-    x = torch.zeros(1, device="cuda")
-    for _ in range(100):
-        x.add_(1)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(ops):
-        x.add_(1)
-    issued = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return issued / ops
-
-
-def resnet50_rate(rank, world_size, batch, ddp=True, steps=10, warmup=5):
-    """Images per second of ResNet-50 AMP training on this rank's GPU, all
-    ranks together: in this process (ddp=False), or on dt.run's ranks in
-    torch's DDP, whose gradients nccl all-reduces (one rank too)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ddp_teach.models import resnet50
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    model = resnet50(device="cuda").to(memory_format=torch.channels_last)
-    if ddp:
-        model = DDP(model, device_ids=[torch.cuda.current_device()])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
-    scaler = torch.amp.GradScaler("cuda")
-    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    labels = torch.randint(0, 1000, (batch,), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = F.cross_entropy(model(x), labels)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    if ddp:
-        dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    return world_size * batch * steps / (time.perf_counter() - start)
 
 
 def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
@@ -234,12 +162,16 @@ def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
             failures.append(f"{what}: {type(error).__name__}: {error}")
 
     attempt("kernels", lambda: rows.update(measure_kernels(dtype_for(device))))
+    for kernel in attention_kernels(device):
+        attempt(f"attention, {kernel} kernel", lambda kernel=kernel: rows.__setitem__(
+            attention_row(dtype_for(device), kernel), timing.attention_tflops(
+                ATTENTION, dtype_for(device), kernel)))
     attempt("host", lambda: rows.__setitem__(
-        "host time of one small eager operation", host_seconds_per_op() * 1e6))
+        "host time of one small eager operation", timing.host_seconds_per_op() * 1e6))
     attempt("ResNet-50 on 1 GPU", lambda: rows.__setitem__(
-        f"ResNet-50 AMP, batch {batch}, 1 GPU", resnet50_rate(0, 1, batch, ddp=False)))
+        f"ResNet-50 AMP, batch {batch}, 1 GPU", timing.resnet50_rate(0, 1, batch, ddp=False)))
     attempt("ResNet-50 with DDP through dt.run", lambda: rows.__setitem__(
-        ddp_row(batch, gpus), sum(dt.run(resnet50_rate, gpus, args=(batch,),
+        ddp_row(batch, gpus), sum(dt.run(timing.resnet50_rate, gpus, args=(batch,),
                                          timeout=300)) / gpus))
     attempt("capstone step through dt.run", lambda: rows.__setitem__(
         CAPSTONE_ROW, dt.run(capstone_step, 1, args=("cuda", 50, 10),

@@ -90,7 +90,10 @@ def fsdp2_tokens_per_gpu_s(device, cluster, gpus, model, batch, length,
     "mpt-7b", "mpt-13b") on `gpus` GPUs: the course's `dt.fsdp` (bf16
     compute, fp32 gradient reduction, each block a unit; AdamW) traced for
     rank 0 in this process, and the trace scheduled as torch's FSDP2
-    overlaps it (`predict.fsdp2`)."""
+    overlaps it (`predict.fsdp2`). Attention runs FlashAttention-2's kernel,
+    as in every published run here: llm-foundry's (its Triton flash kernel
+    or flash-attn 2) and torchtitan's of December 2024 (torch 2.6, whose
+    SDPA did not yet prefer cuDNN on H100)."""
     kinds = {"llama3-8b": (lambda: Llama(length=length, selective_checkpointing=True),
                            LlamaBlock, llama_loss),
              "mpt-7b": (Mpt, MptBlock, mpt_loss),
@@ -103,7 +106,7 @@ def fsdp2_tokens_per_gpu_s(device, cluster, gpus, model, batch, length,
             make(), units=lambda _name, m: isinstance(m, block), prefetch=False,
             compute_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
-    sim = Simulation(device, cluster=cluster)
+    sim = Simulation(device, cluster=cluster, attention="flash")
     profile = predict.zero3_profile(_fsdp_step, gpus, sim,
                                     args=(build, loss_of, (batch, length), micro_steps))
     return micro_steps * batch * length / predict.fsdp2(profile, gpus, sim)

@@ -53,10 +53,10 @@ def kernel_seconds(simulation, func, args, kwargs, out) -> float:
 
 
 def attention_seconds(simulation, q, k, v, causal: bool, backward: bool) -> float:
-    """Fused (flash) attention of q (B, H, Lq, d) against k, v (B, Hkv, Lk,
-    d) on `simulation`'s device: its FLOPs as FlashAttention-2 counts them,
-    its bytes those of q, k, v and the output (and their gradients in
-    backward), at the mode's rates."""
+    """Fused attention of q (B, H, Lq, d) against k, v (B, Hkv, Lk, d) on
+    `simulation`'s device, by its attention kernel: its FLOPs as
+    FlashAttention-2 counts them, its bytes those of q, k, v and the output
+    (and their gradients in backward), at the mode's rates."""
     *lead, queries, head_dim = q.shape
     batch_heads = 1
     for size in lead:
@@ -70,7 +70,7 @@ def attention_seconds(simulation, q, k, v, causal: bool, backward: bool) -> floa
     if achieved is None:
         return simulation.device.op_seconds(flops, nbytes, dtype)
     return efficiency.rate_seconds(simulation.device, achieved, "attention",
-                                   flops, nbytes, dtype)
+                                   flops, nbytes, dtype, attention=simulation.attention)
 
 
 def _work(func, args, kwargs, out):

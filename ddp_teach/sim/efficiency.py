@@ -16,16 +16,26 @@ measurements they are checked against), and `kernel_seconds` uses them:
   Multiplication Background User's Guide"). cuBLAS picks the tile shape;
   we take the one that gives the fewest tile-FLOPs per SM. Each SM runs at
   `matmul` x its share of the peak;
-- convolutions (cuDNN) at `conv` x peak, attention (FlashAttention-2) at
-  `attention` x peak; everything else streams its bytes at `memory` x the
-  memory bandwidth; whichever of arithmetic and bytes is longer wins, as in
-  a roofline;
+- convolutions (cuDNN) at `conv` x peak, fused attention at the fraction
+  of the kernel that runs it (below); everything else streams its bytes at
+  `memory` x the memory bandwidth; whichever of arithmetic and bytes is
+  longer wins, as in a roofline;
 - every kernel costs at least `kernel_s` of GPU time (start-up and drain);
 - `sustained`: in a training run, kernels reach only this fraction of the
   rates that short kernel benchmarks measure (under hours of full load the
   GPU's clock drops to stay within its power and heat limits, and the
   shapes and layouts of a real model's kernels fall short of the
   benchmarked ones). Kernel benchmarks are modelled with `burst=True`.
+
+Fused attention: torch's `scaled_dot_product_attention` picks a kernel by
+a fixed priority (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp).
+Up to torch 2.10 that is FlashAttention-2 ("flash", `attention`) for 16-bit
+inputs. From torch 2.11, whose wheels bundle cuDNN 9.19, torch puts cuDNN's
+fused attention first on Hopper GPUs ("cudnn", `attention_cudnn`: the
+function `check_prefer_cudnn_attention` there asks for sm90 or sm100 and
+cuDNN newer than 9.15.1); on Ampere cuDNN is not preferred. The two differ
+by nearly two to one on an H100. fp32 inputs run neither (torch uses its
+memory-efficient kernel), and are charged at `attention` of the fp32 peak.
 
 The host side: an eager PyTorch program issues one kernel per operation
 from Python, and each costs `host_s_per_op` of CPU time whatever its size
@@ -43,10 +53,15 @@ TILES = ((256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64),
          (64, 128))
 
 
+ATTENTION_KERNELS = ("flash", "cudnn")
+
+
 @dataclass(frozen=True)
 class Achieved:
     """Fractions of a device's peaks that real kernels reach (see the module's
-    doc), GPU-side seconds per kernel, and host-side seconds per operation."""
+    doc), GPU-side seconds per kernel, and host-side seconds per operation.
+    attention: FlashAttention-2's fraction; attention_cudnn: cuDNN's fused
+    attention, on GPUs where torch prefers it (None elsewhere)."""
     sms: int
     matmul: float
     memory: float
@@ -56,6 +71,7 @@ class Achieved:
     host_s_per_op: float = 7e-6
     overlap_slowdown: float = 1.189
     sustained: float = 1.0
+    attention_cudnn: float | None = None
 
     def __post_init__(self):
         if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1:
@@ -65,6 +81,9 @@ class Achieved:
             if not (0 < value <= 1):
                 raise ValueError(f"Achieved.{name} is a fraction of the peak, "
                                  f"in (0, 1]; got {value!r}")
+        if self.attention_cudnn is not None and not (0 < self.attention_cudnn <= 1):
+            raise ValueError("Achieved.attention_cudnn is a fraction of the peak, in "
+                             f"(0, 1], or None; got {self.attention_cudnn!r}")
         for name in ("kernel_s", "host_s_per_op"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
@@ -72,6 +91,31 @@ class Achieved:
         if not (self.overlap_slowdown >= 1 and math.isfinite(self.overlap_slowdown)):
             raise ValueError("overlap_slowdown must be >= 1 (1: no slowdown); "
                              f"got {self.overlap_slowdown!r}")
+
+
+    def attention_fraction(self, kernel: str, dtype: str) -> float:
+        """The fraction of peak `kernel` reaches on `dtype` inputs: cuDNN's
+        only for 16-bit ones, which are all it runs."""
+        sixteen_bit = dtype in ("float16", "bfloat16")
+        return self.attention_cudnn if kernel == "cudnn" and sixteen_bit \
+            else self.attention
+
+
+def attention_kernel(achieved: Achieved | None, requested: str | None = None) -> str:
+    """The fused-attention kernel charged on a GPU with `achieved` figures
+    (None: it has none, so only "flash" means anything): `requested`
+    ("flash" or "cudnn"), or None for the one torch 2.11 and later pick."""
+    if requested is not None and requested not in ATTENTION_KERNELS:
+        raise ValueError(f"unknown attention kernel {requested!r}; valid: "
+                         f"{', '.join(ATTENTION_KERNELS)} (or None: torch's choice)")
+    has_cudnn = achieved is not None and achieved.attention_cudnn is not None
+    if requested is None:
+        return "cudnn" if has_cudnn else "flash"
+    if requested == "cudnn" and not has_cudnn:
+        raise ValueError("torch does not run cuDNN's attention by default on this "
+                         "GPU and the simulator has no figure for it; use "
+                         "attention='flash' (or None)")
+    return requested
 
 
 def matmul_seconds(device, achieved: Achieved, m: int, n: int, k: int,
@@ -90,12 +134,14 @@ def matmul_seconds(device, achieved: Achieved, m: int, n: int, k: int,
 
 
 def rate_seconds(device, achieved: Achieved, kind: str, flops: float,
-                 nbytes: float, dtype: str = "float32", burst: bool = False) -> float:
-    """A convolution ("conv"), fused attention ("attention") or any other
-    kernel ("memory"): its arithmetic at the kind's fraction of peak (full
-    peak for "memory") or its bytes, whichever takes longer."""
-    fraction = {"conv": achieved.conv, "attention": achieved.attention,
-                "memory": 1.0}[kind]
+                 nbytes: float, dtype: str = "float32", burst: bool = False,
+                 attention: str = "flash") -> float:
+    """A convolution ("conv"), fused attention ("attention", run by the
+    `attention` kernel) or any other kernel ("memory"): its arithmetic at
+    the kind's fraction of peak (full peak for "memory") or its bytes,
+    whichever takes longer."""
+    fraction = {"conv": achieved.conv, "memory": 1.0,
+                "attention": achieved.attention_fraction(attention, dtype)}[kind]
     busy = max(flops / (_peak(device, dtype) * fraction),
                _streaming(device, achieved, nbytes))
     return achieved.kernel_s + busy / (1.0 if burst else achieved.sustained)
@@ -150,6 +196,9 @@ def _streaming(device, achieved: Achieved, nbytes: float) -> float:
 # - attention: FlashAttention-2's benchmark, batch 2, 8192 tokens, not
 #   causal: 327.9 TFLOP/s on H100 (head dim 128), 179.5 on A100 (head dim
 #   64) (same pages);
+# - attention_cudnn: torch's cuDNN attention (cuDNN 9.1.0) forward on an
+#   H100, batch 1, 24 heads of 128, 4608 tokens: 631.3 TFLOP/s (tritonbench's
+#   flash_attention operator, in pytorch/pytorch issue 142132, 2024-12);
 # - sustained: llm-foundry's MPT-7B training with FSDP, 2,048 tokens, no
 #   activation checkpointing: 10,643 tokens/s per GPU on 8x H100 80GB
 #   (micro-batch 6) and 4,641 on 8x A100 80GB (micro-batch 6, 2 micro-
@@ -173,7 +222,7 @@ KERNEL_S = 3.74e-6
 ACHIEVED = {
     "H100 SXM": Achieved(sms=132, matmul=0.851, memory=2.97e12 / 3.35e12,
                          attention=327.9 / 989.4, conv=0.443, kernel_s=KERNEL_S,
-                         sustained=0.710),
+                         sustained=0.710, attention_cudnn=631.3 / 989.4),
     "A100 80GB": Achieved(sms=108, matmul=0.815, memory=1.70e12 / 2.039e12,
                           attention=179.5 / 312, conv=0.443, kernel_s=KERNEL_S,
                           sustained=0.881),

@@ -164,7 +164,8 @@ def zero3_profile(step, world_size: int, simulation, args=()):
     the compute between the collectives, in order, with their bytes."""
     from ddp_teach.sim import Simulation  # (the package imports this module)
     from ddp_teach.sim.one_rank import one_rank
-    free = Simulation(simulation.device, Link(0.0, 0.0), compute=simulation.compute)
+    free = Simulation(simulation.device, Link(0.0, 0.0), compute=simulation.compute,
+                      attention=simulation.attention)
     return one_rank(step, world_size, free, args)[1].after_last_barrier()
 
 

@@ -37,6 +37,8 @@ STAS_NET = "stas00/ml-engineering, network/README.md (snapshot 744d01e)"
 STAS_MAMF = ("stas00/ml-engineering, compute/accelerator/README.md, \"Maximum "
              "Achievable Matmul FLOPS\" (snapshot 744d01e)")
 NCCL_1244 = "NVIDIA/nccl issue 1244 (2024-04, 2 nodes x 8 H20, NCCL 2.21.5)"
+TORCH_142132 = ("pytorch/pytorch issue 142132 (2024-12: tritonbench's flash_attention "
+                "on an H100, torch 2.6.0.dev20241204+cu124)")
 # the course's own measurements, made with its benchmarks/gpu_vs_sim.py
 COURSE_H100 = ("measured for this course (benchmarks/gpu_vs_sim.py, 2026-11-26) on one "
                "NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, CUDA 13.0, driver 580.159.04, "
@@ -103,14 +105,16 @@ def stream_tbps(device, arrays, elements=2 ** 28, element_bytes=8):
 
 
 def attention_tflops(device, batch, heads, length, head_dim, forward_only=False,
-                     dtype="bfloat16"):
-    """TFLOP/s of fused attention (forward, or forward and backward), 16-bit."""
+                     kernel="flash", dtype="bfloat16"):
+    """TFLOP/s of fused attention (forward, or forward and backward), 16-bit,
+    run by `kernel` ("flash": FlashAttention-2; "cudnn": cuDNN's)."""
     d = DEVICES[device]
     flops = efficiency.attention_flops(batch, heads, length, length, head_dim, False)
     nbytes = 4 * batch * heads * length * head_dim * 2
     passes = [(flops, nbytes)] + ([] if forward_only else [(2.5 * flops, 2 * nbytes)])
-    seconds = sum(efficiency.rate_seconds(d, d.achieved, "attention", f, b,
-                                          dtype, burst=True) for f, b in passes)
+    seconds = sum(efficiency.rate_seconds(d, d.achieved, "attention", f, b, dtype,
+                                          burst=True, attention=kernel)
+                  for f, b in passes)
     return sum(f for f, _ in passes) / seconds / 1e12
 
 
@@ -255,15 +259,30 @@ MEASUREMENTS = [
     _kernel(
         "FlashAttention-2, H100", "flash-attn benchmark, batch 2, 8192 tokens, head "
         "dim 128, 16 heads, not causal", AZURE_H100, 327.9, "TFLOP/s", "calibrate",
-        lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128)),
+        lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128, kernel="flash")),
     _kernel(
         "FlashAttention-2, A100", "as above, head dim 64, 32 heads", AZURE_A100, 179.5,
-        "TFLOP/s", "calibrate", lambda: attention_tflops("A100 80GB", 2, 32, 8192, 64)),
+        "TFLOP/s", "calibrate",
+        lambda: attention_tflops("A100 80GB", 2, 32, 8192, 64, kernel="flash")),
     _kernel(
         "SDPA forward, H100", "torch SDPA, batch 128, 8 heads of 128, 8192 tokens, not "
-        "causal, forward", "pytorch/benchmark PR 2296 (tritonbench flash_attention)",
+        "causal, forward; its flash kernel (the figure is FlashAttention-2's: cuDNN's "
+        "is twice it)", "pytorch/benchmark PR 2296 (tritonbench flash_attention)",
         287.696, "TFLOP/s", "validate",
-        lambda: attention_tflops("H100 SXM", 128, 8, 8192, 128, forward_only=True)),
+        lambda: attention_tflops("H100 SXM", 128, 8, 8192, 128, forward_only=True,
+                                 kernel="flash")),
+    _kernel(
+        "cuDNN attention forward, H100", "torch SDPA held to cuDNN 9.1.0's kernel, "
+        "bf16, batch 1, 24 heads of 128, 4608 tokens, not causal, forward",
+        TORCH_142132, 631.338, "TFLOP/s", "calibrate",
+        lambda: attention_tflops("H100 SXM", 1, 24, 4608, 128, forward_only=True,
+                                 kernel="cudnn")),
+    _kernel(
+        "SDPA forward, H100, torch 2.6's choice", "as the cuDNN row, torch's own "
+        "choice of kernel (flash: torch 2.6 did not prefer cuDNN)", TORCH_142132,
+        329.483, "TFLOP/s", "validate",
+        lambda: attention_tflops("H100 SXM", 1, 24, 4608, 128, forward_only=True,
+                                 kernel="flash")),
     _kernel(
         "bf16 matmul 4096^3, H100 (ours)", "torch.matmul, random inputs, CUDA events, "
         "mean of 20 after 5 warm-ups", COURSE_H100, 800, "TFLOP/s", "validate",
@@ -282,12 +301,9 @@ MEASUREMENTS = [
     _kernel(
         "SDPA forward + backward, H100 (ours)", "torch's scaled_dot_product_attention, "
         "bf16, the FlashAttention-2 row's shape (batch 2, 16 heads of 128, 8192 "
-        "tokens, not causal)", COURSE_H100, 595, "TFLOP/s", "validate",
-        lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128),
-        "the simulator's attention rate was solved from FlashAttention-2's benchmark "
-        "(the calibration row of the same shape, 327.9 TFLOP/s); torch 2.11's SDPA "
-        "ran a kernel 1.8 times as fast on this H100 (which backend it picked was not "
-        "recorded), so for recent torch the simulated attention is too slow"),
+        "tokens, not causal); torch 2.11 on an H100 picks cuDNN's kernel (its wheel "
+        "bundles cuDNN 9.19)", COURSE_H100, 595, "TFLOP/s", "validate",
+        lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128, kernel="cudnn")),
     _kernel(
         "host time of one small eager op (ours)", "x.add_(1) on a 1-element CUDA "
         "tensor, 2,000 times from Python, wall clock until issued", COURSE_H100,

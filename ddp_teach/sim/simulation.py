@@ -14,14 +14,19 @@ Two models of the wires, from the simple to the real:
 
 `compute` picks the devices' model either way: "peak" (datasheet
 roofline, no host time) or "achieved"; by default "peak" with a link and
-"achieved" with a cluster.
+"achieved" with a cluster. `attention` picks the fused-attention kernel
+achieved compute charges `scaled_dot_product_attention` as: "flash"
+(FlashAttention-2, what torch up to 2.10 runs) or "cudnn" (what torch 2.11
+and later run on Hopper GPUs); None, torch's own choice on the device
+(`ddp_teach.sim.efficiency`). A run that reproduces a published one names
+the kernel that run used.
 """
 from dataclasses import dataclass
 
 from ddp_teach import cost
 from ddp_teach.sim import comm
 from ddp_teach.sim.cluster import Cluster, cluster as cluster_preset
-from ddp_teach.sim.efficiency import Achieved
+from ddp_teach.sim.efficiency import Achieved, attention_kernel
 from ddp_teach.sim.hardware import LINKS, Device, device, link
 
 COMPUTE_MODES = ("peak", "achieved")
@@ -35,9 +40,10 @@ class Simulation:
     link: cost.Link | None
     cluster: Cluster | None = None
     compute: str = "peak"
+    attention: str = "flash"
 
     def __init__(self, device_spec="A100 80GB", link_spec=None, *, cluster=None,
-                 compute=None):
+                 compute=None, attention=None):
         if cluster is not None and link_spec is not None:
             raise ValueError("give a link (one wire for every pair of ranks) or "
                              "a cluster (nodes, NVLink, NICs), not both")
@@ -55,6 +61,8 @@ class Simulation:
                            link("NVLink 4" if link_spec is None else link_spec))
         object.__setattr__(self, "cluster", chosen_cluster)
         object.__setattr__(self, "compute", mode)
+        object.__setattr__(self, "attention",
+                           attention_kernel(chosen_device.achieved, attention))
 
     @property
     def achieved(self) -> Achieved | None:

@@ -1,5 +1,5 @@
-"""scaled_dot_product_attention is charged as one fused (flash) kernel
-forward and one backward, the same on meta and CPU tensors, and the
+"""scaled_dot_product_attention is charged as one fused kernel (flash or
+cuDNN's) forward and one backward, the same on meta and CPU tensors, and the
 simulation leaves its results exactly as torch computes them."""
 import pytest
 import torch
@@ -34,14 +34,16 @@ def test_the_same_charge_on_meta_and_cpu_tensors(simulation):
             attention_times(simulation, "cpu", dtype=dtype)
 
 
-def test_the_charge_is_flash_attentions_not_the_score_matrix():
-    sim = SIMULATIONS[0]
+@pytest.mark.parametrize("kernel", ["flash", "cudnn"])
+def test_the_charge_is_the_fused_kernels_not_the_score_matrix(kernel):
+    sim = Simulation("H100 SXM", cluster="DGX H100", attention=kernel)
     with torch.device("meta"):
         q, k, v = (torch.empty(2, 32, 8192, 128, dtype=torch.bfloat16) for _ in range(3))
     forward = attention_seconds(sim, q, k, v, causal=True, backward=False)
     a = sim.achieved
+    fraction = {"flash": a.attention, "cudnn": a.attention_cudnn}[kernel]
     flops = 4 * 2 * 32 * 8192 * 8192 * 128 / 2
-    assert forward == pytest.approx(a.kernel_s + flops / (989.4e12 * a.attention
+    assert forward == pytest.approx(a.kernel_s + flops / (989.4e12 * fraction
                                                           * a.sustained))
     assert attention_seconds(sim, q, k, v, causal=True, backward=True) - a.kernel_s \
         == pytest.approx(2.5 * (forward - a.kernel_s))
@@ -49,6 +51,28 @@ def test_the_charge_is_flash_attentions_not_the_score_matrix():
     # the fused charge is far below even those bytes' time
     scores_s = 2 * 32 * 8192 * 8192 * 4 / (3.35e12 * a.memory)
     assert forward < scores_s
+
+
+def test_torch_2_11s_choice_of_kernel_cudnn_on_hopper_flash_on_ampere():
+    assert Simulation("H100 SXM", cluster="DGX H100").attention == "cudnn"
+    assert Simulation("A100 80GB", cluster="DGX A100").attention == "flash"
+    assert Simulation("H100 SXM", "NVLink 4", attention="flash").attention == "flash"
+    with pytest.raises(ValueError, match="attention='flash'"):
+        Simulation("A100 80GB", cluster="DGX A100", attention="cudnn")
+    with pytest.raises(ValueError, match="valid: flash, cudnn"):
+        Simulation("H100 SXM", cluster="DGX H100", attention="fa3")
+
+
+def test_cudnn_is_about_twice_flash_on_an_h100_for_16_bit_inputs_only():
+    with torch.device("meta"):
+        bf16 = [torch.empty(2, 16, 4096, 128, dtype=torch.bfloat16) for _ in range(3)]
+        fp32 = [t.float() for t in bf16]
+    times = {kernel: [attention_seconds(Simulation("H100 SXM", cluster="DGX H100",
+                                                   attention=kernel), *qkv, False, False)
+                      for qkv in (bf16, fp32)]
+             for kernel in ("flash", "cudnn")}
+    assert 1.8 < times["flash"][0] / times["cudnn"][0] < 2.0
+    assert times["flash"][1] == times["cudnn"][1]  # cuDNN runs no fp32 attention
 
 
 def run_attention(rank, world_size, dropout):
