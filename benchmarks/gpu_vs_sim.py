@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 import ddp_teach as dt  # noqa: E402
 from ddp_teach.sim import DEVICES, efficiency, published  # noqa: E402
 from ddp_teach.sim.simulation import Simulation  # noqa: E402
-from capstone_step import PHASES, capstone_step, simulated_capstone, simulated_phases  # noqa: E402,E501
+from capstone_step import capstone_step, simulated_capstone, simulated_phases  # noqa: E402
 from published_runs import resnet50_images_per_s  # noqa: E402
 import gpu_timing as timing  # noqa: E402
 

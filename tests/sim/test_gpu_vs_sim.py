@@ -62,12 +62,13 @@ def test_the_capstone_step_it_times_runs_through_the_launcher(bench):
     assert seconds > 0
     (phases,) = dt.run(bench.capstone_step, 1, args=("cpu", 2, 1), kwargs={"phases": True},
                        timeout=120)
-    assert list(phases) == list(bench.PHASES) and all(s > 0 for s in phases.values())
+    from capstone_step import PHASES  # (loading the benchmark put its folder on the path)
+    assert list(phases) == list(PHASES) and all(s > 0 for s in phases.values())
     rows = bench.simulated("H100 SXM", "DGX H100", 1, 256)
     step, unit = rows[bench.CAPSTONE_ROW]
     assert unit == "ms" and step > 0
     # the phases, each read to the end of its last kernel, add up to the step
-    parts = sum(rows[bench.phase_row(phase)][0] for phase in bench.PHASES)
+    parts = sum(rows[bench.phase_row(phase)][0] for phase in PHASES)
     assert parts == pytest.approx(step, rel=1e-9)
     width, _ = bench.WIDER[0]
     assert rows[bench.wider_row(width)][0] > step   # more arithmetic, not fewer kernels
@@ -85,3 +86,13 @@ def test_a_dry_run_prints_and_writes_nothing(bench, capsys, tmp_path, monkeypatc
 def test_without_cuda_it_says_where_to_run_it(bench, capsys):
     assert bench.main([]) == 1
     assert "make bench-gpu" in capsys.readouterr().out
+
+
+def test_attention_is_timed_with_each_kernel_the_simulator_knows_for_the_gpu(bench):
+    h100 = bench.simulated("H100 SXM", "DGX H100", 1, 256)
+    flash, cudnn = (h100[bench.attention_row("bfloat16", kernel)][0]
+                    for kernel in ("flash", "cudnn"))
+    assert cudnn > 1.8 * flash
+    a100 = bench.simulated("A100 80GB", "DGX A100", 1, 256)
+    assert bench.attention_row("bfloat16", "flash") in a100
+    assert not any("cudnn" in what for what in a100)
