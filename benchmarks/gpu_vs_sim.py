@@ -20,7 +20,7 @@ and sets each figure beside what the simulator predicts for the same GPU
 - the capstone's DDP step (notebook 10: TinyGPT, fp32, AdamW) on one GPU
   through `dt.run`, against `dt.sim.one_rank` on the same preset: a step so
   small that the host's time per operation sets it;
-- with two GPUs or more, an all-reduce sweep (`dt.cost.bandwidth_sweep`, nccl)
+- with two GPUs or more, an all-reduce sweep (`dt.bandwidth.sweep`, nccl)
   against the cluster preset's NCCL model (`ddp_teach.sim.comm`).
 
 Run on a GPU machine: `make bench-gpu` (a few minutes). Writes
@@ -188,7 +188,7 @@ def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
                                  kwargs={"width": w, "heads": h}, timeout=300)[0] * 1e3))
     if gpus > 1:
         def sweep():  # sizes rounded to whole elements per rank: named as asked
-            swept = dt.cost.bandwidth_sweep(gpus, SWEEP_BYTES, iters=20, warmup=5,
+            swept = dt.bandwidth.sweep(gpus, SWEEP_BYTES, iters=20, warmup=5,
                                             timeout=300)
             for nbytes, row in zip(SWEEP_BYTES, swept.rows):
                 rows[f"all-reduce {dt.memory.format_bytes(nbytes)}, {gpus} GPUs"] = \

@@ -14,7 +14,7 @@ can skip them.
 # where they are not, and torch 2.13's names on an older torch (compat.py).
 from ddp_teach import compat
 # The course, in notebook order: one module per concept.
-from ddp_teach import collectives, cost, diagrams           # 01 collectives
+from ddp_teach import collectives, cost, bandwidth, diagrams  # 01 collectives
 from ddp_teach import dp                                     # 02 DataParallel
 from ddp_teach import ddp                                    # 03 DDP
 from ddp_teach import sampler, syncbn                        # 04 data and sync
@@ -56,7 +56,7 @@ def load_ipython_extension(ipython):
     register(ipython)
 
 
-COURSE_MODULES = ("collectives", "cost", "diagrams", "dp", "ddp", "sampler",
+COURSE_MODULES = ("collectives", "cost", "bandwidth", "diagrams", "dp", "ddp", "sampler",
                   "syncbn", "precision", "amp", "memory", "flat", "zero", "fsdp",
                   "scripts", "slurm", "checkpoint", "paramserver", "pipeline",
                   "tensor_parallel", "debugging", "lm", "models", "system", "widgets")

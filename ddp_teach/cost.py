@@ -1,10 +1,11 @@
-"""`ddp_teach.cost`: predict what a collective costs, then measure it.
+"""`ddp_teach.cost`: predict what a collective costs.
 
 Why: data-parallel training spends its time in all-reduce. To reason about
 gradient buckets and about overlapping communication with the backward pass,
 a learner needs two things: a model that says how long a collective of n
 bytes on p ranks should take, and a measurement that checks the model on the
-machine at hand. This module has both, in the units the literature uses.
+machine at hand. This module is the model, in the units the literature
+uses; `ddp_teach.bandwidth` is the measurement.
 
 The alpha-beta model (Thakur, Rabenseifner & Gropp, "Optimization of
 Collective Communication Operations in MPICH", IJHPCA 2005; the ring
@@ -30,16 +31,12 @@ on a binomial tree.
 Bandwidth as nccl-tests reports it (its doc/PERFORMANCE.md): algbw = S / t
 for an array of S bytes; busbw = algbw x a factor per op that makes the number
 comparable with the link's bandwidth whatever the number of ranks: it equals
-1/beta for a ring algorithm with no latency. `bandwidth_sweep` measures
-these on real ranks (with all_gather_single and reduce_scatter_single, which
-torch 2.13 prefers to all_gather_into_tensor and reduce_scatter_tensor) and
-`fit_alpha_beta` fits the model to the measurement.
+1/beta for a ring algorithm with no latency. `ddp_teach.bandwidth.sweep`
+measures these on real ranks and `fit_alpha_beta` fits the model to the
+measurement.
 """
 import math
-import statistics
-import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -209,132 +206,3 @@ def fit_alpha_beta(sizes, times, p: int = 2, op: str = "all_reduce") -> Link:
     feasible = [x for x in candidates if np.all(x >= 0)]
     alpha, beta = min(feasible, key=lambda x: np.sum((design @ x - target) ** 2))
     return Link(float(alpha), float(beta))
-
-
-class SweepRow(NamedTuple):
-    size_bytes: int
-    seconds: float
-    algbw: float  # bytes per second
-    busbw: float  # bytes per second
-
-
-@dataclass
-class Sweep:
-    """A measured sweep: one row per message size (see bandwidth_sweep)."""
-    op: str
-    world_size: int
-    backend: str
-    rows: list[SweepRow]
-
-    def table(self) -> str:
-        lines = [f"{self.op} on {self.world_size} ranks ({self.backend})",
-                 f"{'size (B)':>12} {'time (µs)':>12} {'algbw (GB/s)':>13} "
-                 f"{'busbw (GB/s)':>13}"]
-        lines += [f"{r.size_bytes:>12d} {r.seconds * 1e6:>12.1f} "
-                  f"{r.algbw / GB:>13.3f} {r.busbw / GB:>13.3f}" for r in self.rows]
-        return "\n".join(lines)
-
-    def fit(self) -> Link:
-        return fit_alpha_beta([r.size_bytes for r in self.rows],
-                              [r.seconds for r in self.rows],
-                              p=self.world_size, op=self.op)
-
-    def plot(self):
-        """Time and busbw against size, measured and as the fitted model."""
-        from matplotlib.figure import Figure
-        link = self.fit()
-        sizes = np.array([r.size_bytes for r in self.rows], float)
-        smooth = np.geomspace(sizes.min(), sizes.max(), 100)
-        model_s = np.array([collective_time(self.op, n, self.world_size, link)
-                            for n in smooth])
-        factor = busbw_factor(self.op, self.world_size)
-        label = (f"model: α = {link.alpha * 1e6:.1f} µs, "
-                 f"1/β = {link.bandwidth / GB:.2f} GB/s")
-        fig = Figure(figsize=(11, 4.2), layout="constrained")
-        time_ax, bw_ax = fig.subplots(1, 2)
-        time_ax.loglog(sizes, [r.seconds * 1e6 for r in self.rows], "o",
-                       label="measured (median of the slowest rank)")
-        time_ax.loglog(smooth, model_s * 1e6, "-", label=label)
-        time_ax.set(xlabel="message size (bytes)", ylabel="time (µs)",
-                    title="time per call")
-        bw_ax.semilogx(sizes, [r.busbw / GB for r in self.rows], "o")
-        bw_ax.semilogx(smooth, smooth / model_s * factor / GB, "-")
-        top = max(r.busbw / GB for r in self.rows)
-        if link.beta > 0:  # 1/β for the ring algorithms
-            limit = factor / _coefficients(self.op, self.world_size, None)[1]
-            bw_ax.axhline(limit * link.bandwidth / GB, color="gray", ls=":",
-                          label="model's busbw as size → ∞")
-            top = max(top, limit * link.bandwidth / GB)
-        bw_ax.set(xlabel="message size (bytes)", ylabel="busbw (GB/s)",
-                  title="bus bandwidth", ylim=(0, 1.1 * top))
-        for ax in (time_ax, bw_ax):
-            ax.grid(True, which="both", alpha=0.3)
-        handles = time_ax.get_lines() + bw_ax.get_lines()[2:]
-        fig.legend(handles=handles, loc="outside lower center", ncols=3)
-        fig.suptitle(f"{self.op} on {self.world_size} ranks ({self.backend})")
-        return fig
-
-
-def bandwidth_sweep(world_size: int = 2, sizes=None, op: str = "all_reduce",
-                    iters: int = 5, warmup: int = 2, timeout: float = 120) -> Sweep:
-    """Time `op` on float32 arrays of each size (bytes, the whole array as in
-    nccl-tests; default 4 KB to 4 MB) on `world_size` real ranks.
-
-    Each rank runs `warmup` untimed calls, then `iters` timed ones, each after
-    a barrier, and keeps the median; a row's time is the slowest rank's. Sizes
-    are rounded to whole float32 elements that split evenly over the ranks.
-    """
-    from ddp_teach.launcher import run
-    _check_op(op, DEFAULT_ALGORITHM)
-    _check_ranks("world_size", world_size)
-    if sizes is None:
-        sizes = [4096 * 4 ** k for k in range(6)]  # 4 KB .. 4 MB
-    if not sizes or any(not s > 0 for s in sizes):
-        raise ValueError(f"sizes must be a non-empty list of byte counts > 0; "
-                         f"got {sizes!r}")
-    if iters < 1 or warmup < 0:
-        raise ValueError(f"need iters >= 1 and warmup >= 0; got iters={iters}, "
-                         f"warmup={warmup}")
-    numels = [max(1, round(s / 4 / world_size)) * world_size for s in sizes]
-    result = run(_median_seconds, world_size, timeout=timeout,
-                 args=(op, numels, iters, warmup))
-    rows = []
-    for i, numel in enumerate(numels):
-        size, seconds = 4 * numel, max(per_rank[i] for per_rank in result)
-        rows.append(SweepRow(size, seconds, algbw(size, seconds),
-                             busbw(op, size, seconds, world_size)))
-    return Sweep(op, world_size, result.backend, rows)
-
-
-def _median_seconds(rank, world_size, op, numels, iters, warmup):
-    """In each worker: the median seconds of one call of `op` per size (a
-    progress bar per rank shows the sizes done)."""
-    import torch
-    import torch.distributed as dist
-
-    from ddp_teach.launcher.progress_bars import progress
-    from ddp_teach.system import collective_device
-    device = collective_device()
-    on_gpu = device.type == "cuda"
-    wait_for_device = torch.cuda.synchronize if on_gpu else (lambda: None)
-    medians = []
-    for numel in numels:
-        full = torch.zeros(numel, device=device)  # zeros: sums never overflow
-        shard = torch.zeros(numel // world_size, device=device)
-        call = {"all_reduce": lambda: dist.all_reduce(full),
-                "all_gather": lambda: dist.all_gather_single(full, shard),
-                "reduce_scatter": lambda: dist.reduce_scatter_single(shard, full),
-                "broadcast": lambda: dist.broadcast(full, src=0)}[op]
-        for _ in range(warmup):
-            call()
-        samples = []
-        for _ in range(iters):
-            wait_for_device()
-            dist.barrier()
-            start = time.perf_counter()
-            call()
-            wait_for_device()
-            samples.append(time.perf_counter() - start)
-        medians.append(statistics.median(samples))
-        progress(len(medians), len(numels), median_us=medians[-1] * 1e6)
-    return medians

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from matplotlib.figure import Figure
 
-from ddp_teach import cost, memory
+from ddp_teach import bandwidth, cost, memory
 
 KB = 1024
 
@@ -31,8 +31,8 @@ def measure_allreduce(world_size: int, nbytes: int, repeats: int = 3) -> float:
     """Seconds one `dist.all_reduce` of `nbytes` (float32) takes on
     `world_size` real ranks: the median of `repeats` timed calls (after one
     warm-up), on the slowest rank."""
-    sweep = cost.bandwidth_sweep(world_size, [nbytes], "all_reduce",
-                                 iters=repeats, warmup=1)
+    sweep = bandwidth.sweep(world_size, [nbytes], "all_reduce",
+                            iters=repeats, warmup=1)
     return sweep.rows[0].seconds
 
 
@@ -40,7 +40,7 @@ def measure_allreduce(world_size: int, nbytes: int, repeats: int = 3) -> float:
 def fitted_link() -> cost.Link:
     """A Link fitted to a quick all-reduce sweep on 2 ranks (4 KB to 4 MB),
     measured once per session."""
-    return cost.bandwidth_sweep(2, iters=3, warmup=1).fit()
+    return bandwidth.sweep(2, iters=3, warmup=1).fit()
 
 
 def _size(nbytes: float) -> str:

@@ -34,7 +34,7 @@ PUBLIC_NAMES = [
     ("collectives.ring_all_gather", "function"),
     ("cost.Link", "class"), ("cost.Link.from_latency_bandwidth", "function"),
     ("cost.allreduce_time", "function"), ("cost.broadcast_time", "function"),
-    ("cost.bandwidth_sweep", "function"), ("cost.busbw", "function"),
+    ("bandwidth.sweep", "function"), ("cost.busbw", "function"),
     ("cost.busbw_factor", "function"), ("cost.algbw", "function"),
     ("cost.fit_alpha_beta", "function"),
     ("diagrams.draw", "function"), ("diagrams.draw_all", "function"),
