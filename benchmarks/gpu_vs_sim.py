@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import ddp_teach as dt  # noqa: E402
-from ddp_teach.sim import DEVICES, efficiency, published  # noqa: E402
+from ddp_teach.sim import DEVICES, benchmark_figures, efficiency  # noqa: E402
 from ddp_teach.sim.simulation import Simulation  # noqa: E402
 from capstone_step import capstone_step, simulated_capstone, simulated_phases  # noqa: E402
 from published_runs import resnet50_images_per_s  # noqa: E402
@@ -113,11 +113,11 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     rows = {}
     for m, n, k in MATMULS:
         rows[f"{dtype} matmul {m} x {n} x {k}"] = (
-            published.matmul_tflops(device, m, n, k, dtype), "TFLOP/s")
+            benchmark_figures.matmul_tflops(device, m, n, k, dtype), "TFLOP/s")
     rows["copy 1 GiB, device to device"] = (2 * COPY_BYTES / efficiency.rate_seconds(
         d, d.achieved, "memory", 0, 2 * COPY_BYTES, burst=True) / 1e12, "TB/s")
     for kernel in attention_kernels(device):
-        rows[attention_row(dtype, kernel)] = (published.attention_tflops(
+        rows[attention_row(dtype, kernel)] = (benchmark_figures.attention_tflops(
             device, *ATTENTION, kernel=kernel, dtype=dtype), "TFLOP/s")
     rows["host time of one small eager operation"] = (d.achieved.host_s_per_op * 1e6, "us")
     rows[f"ResNet-50 AMP, batch {batch}, 1 GPU"] = (

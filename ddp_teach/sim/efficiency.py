@@ -34,7 +34,7 @@ inputs. From torch 2.11, whose wheels bundle cuDNN 9.19, torch puts cuDNN's
 fused attention first on Hopper GPUs ("cudnn", `attention_cudnn`: the
 function `check_prefer_cudnn_attention` there asks for sm90 or sm100 and
 cuDNN newer than 9.15.1); on Ampere cuDNN is not preferred. The two differ
-by nearly two to one on an H100. fp32 inputs run neither (torch uses its
+by 1.7 to 1.8 times on an H100. fp32 inputs run neither (torch uses its
 memory-efficient kernel), and are charged at `attention` of the fp32 peak.
 
 The host side: an eager PyTorch program issues one kernel per operation
@@ -196,9 +196,11 @@ def _streaming(device, achieved: Achieved, nbytes: float) -> float:
 # - attention: FlashAttention-2's benchmark, batch 2, 8192 tokens, not
 #   causal: 327.9 TFLOP/s on H100 (head dim 128), 179.5 on A100 (head dim
 #   64) (same pages);
-# - attention_cudnn: torch's cuDNN attention (cuDNN 9.1.0) forward on an
-#   H100, batch 1, 24 heads of 128, 4608 tokens: 631.3 TFLOP/s (tritonbench's
-#   flash_attention operator, in pytorch/pytorch issue 142132, 2024-12);
+# - attention_cudnn: cuDNN 9.1's fused attention forward and backward, the
+#   FlashAttention-2 row's shape (batch 2, 16 heads of 128, 8192 tokens, not
+#   causal): 563.7 TFLOP/s on an H200, H100's chip, clocks locked at 1980
+#   MHz (NVIDIA/cudnn-frontend, benchmark/benchmark_results.csv); forward
+#   and backward, as the FlashAttention-2 figure is, since training runs both;
 # - sustained: llm-foundry's MPT-7B training with FSDP, 2,048 tokens, no
 #   activation checkpointing: 10,643 tokens/s per GPU on 8x H100 80GB
 #   (micro-batch 6) and 4,641 on 8x A100 80GB (micro-batch 6, 2 micro-
@@ -222,7 +224,7 @@ KERNEL_S = 3.74e-6
 ACHIEVED = {
     "H100 SXM": Achieved(sms=132, matmul=0.851, memory=2.97e12 / 3.35e12,
                          attention=327.9 / 989.4, conv=0.443, kernel_s=KERNEL_S,
-                         sustained=0.710, attention_cudnn=631.3 / 989.4),
+                         sustained=0.710, attention_cudnn=563.7 / 989.4),
     "A100 80GB": Achieved(sms=108, matmul=0.815, memory=1.70e12 / 2.039e12,
                           attention=179.5 / 312, conv=0.443, kernel_s=KERNEL_S,
                           sustained=0.881),

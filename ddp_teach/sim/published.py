@@ -22,10 +22,9 @@ reduce-scatter.
 from dataclasses import dataclass
 from typing import Callable
 
-from ddp_teach import cost
-from ddp_teach.sim import efficiency, predict
+from ddp_teach.sim.benchmark_figures import (attention_tflops, busbw, matmul_tflops,
+                                             micros, stream_tbps)
 from ddp_teach.sim.hardware import DEVICES
-from ddp_teach.sim.simulation import Simulation
 
 GIB, MIB = 2 ** 30, 2 ** 20
 LOW, HIGH = 0.87, 1.15  # the tolerance every row is held to: within about 15%
@@ -37,6 +36,9 @@ STAS_NET = "stas00/ml-engineering, network/README.md (snapshot 744d01e)"
 STAS_MAMF = ("stas00/ml-engineering, compute/accelerator/README.md, \"Maximum "
              "Achievable Matmul FLOPS\" (snapshot 744d01e)")
 NCCL_1244 = "NVIDIA/nccl issue 1244 (2024-04, 2 nodes x 8 H20, NCCL 2.21.5)"
+CUDNN_FRONTEND = ("NVIDIA/cudnn-frontend, benchmark/benchmark_results.csv (commit "
+                  "505fcfe; cuDNN 9.1, clocks locked at 1980 MHz as its README does "
+                  "on an H200, H100's chip)")
 TORCH_142132 = ("pytorch/pytorch issue 142132 (2024-12: tritonbench's flash_attention "
                 "on an H100, torch 2.6.0.dev20241204+cu124)")
 # the course's own measurements, made with its benchmarks/gpu_vs_sim.py
@@ -73,49 +75,6 @@ class Measurement:
     def ratio(self, simulated: float) -> float:
         """simulated / published, in the row's unit (a time or a rate)."""
         return simulated / self.published
-
-
-def busbw(cluster, op, nbytes, ranks, algorithm=None):
-    """nccl-tests' busbw in GB/s of one simulated collective."""
-    seconds = predict.collective(op, nbytes, ranks, Simulation(
-        "H100 SXM", cluster=cluster, compute="peak"), algorithm)
-    return cost.busbw(op, nbytes, seconds, ranks) / 1e9
-
-
-def micros(cluster, op, nbytes, ranks, algorithm=None):
-    """Microseconds of one simulated collective."""
-    return predict.collective(op, nbytes, ranks, Simulation(
-        "H100 SXM", cluster=cluster, compute="peak"), algorithm) * 1e6
-
-
-def matmul_tflops(device, m, n, k, dtype="bfloat16"):
-    """TFLOP/s of one 16-bit m x k by k x n product, as a benchmark runs it."""
-    d = DEVICES[device]
-    seconds = efficiency.matmul_seconds(d, d.achieved, m, n, k, 1, dtype,
-                                        2 * (m * k + k * n + m * n), burst=True)
-    return 2 * m * n * k / seconds / 1e12
-
-
-def stream_tbps(device, arrays, elements=2 ** 28, element_bytes=8):
-    """TB/s of a STREAM kernel touching `arrays` arrays of fp64 (copy 2, triad 3)."""
-    d = DEVICES[device]
-    nbytes = arrays * elements * element_bytes
-    return nbytes / efficiency.rate_seconds(d, d.achieved, "memory", 0, nbytes,
-                                            burst=True) / 1e12
-
-
-def attention_tflops(device, batch, heads, length, head_dim, forward_only=False,
-                     kernel="flash", dtype="bfloat16"):
-    """TFLOP/s of fused attention (forward, or forward and backward), 16-bit,
-    run by `kernel` ("flash": FlashAttention-2; "cudnn": cuDNN's)."""
-    d = DEVICES[device]
-    flops = efficiency.attention_flops(batch, heads, length, length, head_dim, False)
-    nbytes = 4 * batch * heads * length * head_dim * 2
-    passes = [(flops, nbytes)] + ([] if forward_only else [(2.5 * flops, 2 * nbytes)])
-    seconds = sum(efficiency.rate_seconds(d, d.achieved, "attention", f, b, dtype,
-                                          burst=True, attention=kernel)
-                  for f, b in passes)
-    return sum(f for f, _ in passes) / seconds / 1e12
 
 
 def _collective(*fields):
@@ -265,6 +224,28 @@ MEASUREMENTS = [
         "TFLOP/s", "calibrate",
         lambda: attention_tflops("A100 80GB", 2, 32, 8192, 64, kernel="flash")),
     _kernel(
+        "cuDNN attention fwd + bwd, H100", "cuDNN's fused attention, bf16, batch 2, "
+        "16 heads of 128, 8192 tokens, not causal", CUDNN_FRONTEND, 563.7, "TFLOP/s",
+        "calibrate", lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128, kernel="cudnn")),
+    _kernel(
+        "SDPA flash fwd + bwd, H100", "as the cuDNN row, torch's SDPA with its flash "
+        "kernel", CUDNN_FRONTEND, 316.6, "TFLOP/s", "validate",
+        lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128, kernel="flash")),
+    _kernel(
+        "cuDNN attention fwd + bwd, causal, H100", "as the cuDNN row, causal",
+        CUDNN_FRONTEND, 490.3, "TFLOP/s", "validate",
+        lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128, kernel="cudnn",
+                                 causal=True),
+        "a causal kernel skips the masked half of the work but runs the rest below "
+        "the full kernel's rate (at 8,192 tokens cuDNN's reaches 87% of it, flash's "
+        "91%: the diagonal tiles are half masked and the rows are of unequal length); "
+        "the simulator halves the FLOPs at the full rate"),
+    _kernel(
+        "SDPA flash fwd + bwd, causal, H100", "as the flash row, causal", CUDNN_FRONTEND,
+        289.6, "TFLOP/s", "validate",
+        lambda: attention_tflops("H100 SXM", 2, 16, 8192, 128, kernel="flash",
+                                 causal=True)),
+    _kernel(
         "SDPA forward, H100", "torch SDPA, batch 128, 8 heads of 128, 8192 tokens, not "
         "causal, forward; its flash kernel (the figure is FlashAttention-2's: cuDNN's "
         "is twice it)", "pytorch/benchmark PR 2296 (tritonbench flash_attention)",
@@ -274,7 +255,7 @@ MEASUREMENTS = [
     _kernel(
         "cuDNN attention forward, H100", "torch SDPA held to cuDNN 9.1.0's kernel, "
         "bf16, batch 1, 24 heads of 128, 4608 tokens, not causal, forward",
-        TORCH_142132, 631.338, "TFLOP/s", "calibrate",
+        TORCH_142132, 631.338, "TFLOP/s", "validate",
         lambda: attention_tflops("H100 SXM", 1, 24, 4608, 128, forward_only=True,
                                  kernel="cudnn")),
     _kernel(
