@@ -19,7 +19,9 @@ and sets each figure beside what the simulator predicts for the same GPU
   `predict.profile` + `predict.bucketed_ddp` on meta tensors;
 - the capstone's DDP step (notebook 10: TinyGPT, fp32, AdamW) on one GPU
   through `dt.run`, against `dt.sim.one_rank` on the same preset: a step so
-  small that the host's time per operation sets it;
+  small that the host's time per operation sets it; and its profile (the
+  GPU's busy time, and the kernels and operations issued per step), which
+  tells the host's share of the step from the GPU's;
 - with two GPUs or more, an all-reduce sweep (`dt.bandwidth.sweep`, nccl)
   against the cluster preset's NCCL model (`ddp_teach.sim.comm`).
 
@@ -42,7 +44,8 @@ sys.path.insert(0, HERE)
 import ddp_teach as dt  # noqa: E402
 from ddp_teach.sim import DEVICES, benchmark_figures, efficiency  # noqa: E402
 from ddp_teach.sim.simulation import Simulation  # noqa: E402
-from capstone_step import capstone_step, simulated_capstone, simulated_phases  # noqa: E402
+from capstone_step import (capstone_profile, capstone_step, simulated_capstone,  # noqa: E402
+                           simulated_phases)
 from published_runs import resnet50_images_per_s  # noqa: E402
 import gpu_timing as timing  # noqa: E402
 
@@ -70,6 +73,13 @@ def attention_kernels(device: str) -> tuple:
 
 def phase_row(phase: str) -> str:
     return f"the capstone's {phase}, GPU drained after each phase"
+
+
+BUSY_ROW = "the capstone's GPU busy time per step (profiled: its kernels' union)"
+# measured only, with their units: what the profile counts per step
+PROFILE_COUNTS = {"kernels": ("kernels the capstone's step runs on the GPU", "per step"),
+                  "aten_ops": ("ATen operations its host issues (outermost ones)",
+                               "per step")}
 SWEEP_BYTES = [2 ** k for k in (10, 14, 17, 20, 23, 26, 28)]
 # (words in the GPU's name, device preset, cluster preset or None, a caveat)
 PRESETS = (
@@ -128,6 +138,7 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     simulation = Simulation(device, cluster=cluster) if cluster else Simulation(device)
     step = simulated_capstone(simulation)
     rows[CAPSTONE_ROW] = (step.summary()[0]["span_s"] * 1e3, "ms")
+    rows[BUSY_ROW] = (step.summary()[0]["compute_s"] * 1e3, "ms")
     for phase, seconds in simulated_phases(step).items():
         rows[phase_row(phase)] = (seconds * 1e3, "ms")
     for width, heads in WIDER:
@@ -182,6 +193,12 @@ def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
                           kwargs={"phases": True}, timeout=300)
         rows.update({phase_row(phase): s * 1e3 for phase, s in spent.items()})
     attempt("capstone phases through dt.run", phases)
+
+    def profiled():
+        (counts,) = dt.run(capstone_profile, 1, args=("cuda",), timeout=300)
+        rows[BUSY_ROW] = counts["gpu_busy_s"] * 1e3
+        rows.update({PROFILE_COUNTS[key][0]: counts[key] for key in PROFILE_COUNTS})
+    attempt("capstone profile through dt.run", profiled)
     for width, heads in WIDER:
         attempt(f"capstone step at width {width}", lambda w=width, h=heads: rows.__setitem__(
             wider_row(w), dt.run(capstone_step, 1, args=("cuda", 20, 5),
@@ -189,7 +206,7 @@ def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
     if gpus > 1:
         def sweep():  # sizes rounded to whole elements per rank: named as asked
             swept = dt.bandwidth.sweep(gpus, SWEEP_BYTES, iters=20, warmup=5,
-                                            timeout=300)
+                                       timeout=300)
             for nbytes, row in zip(SWEEP_BYTES, swept.rows):
                 rows[f"all-reduce {dt.memory.format_bytes(nbytes)}, {gpus} GPUs"] = \
                     row.seconds * 1e6
@@ -227,6 +244,9 @@ def report(gpu_name, gpus, preset, simulated_rows, measured_rows, failures, took
         lines.append(f"| {what} | {'-' if real is None else f'{real:,.3g}'} | "
                      f"{value:,.3g} | {unit} | "
                      f"{'-' if real is None else f'{value / real:.3f}'} |")
+    for what, unit in PROFILE_COUNTS.values():  # measured only
+        if what in measured_rows:
+            lines.append(f"| {what} | {measured_rows[what]:,.3g} | - | {unit} | - |")
     lines += ["", "## Failed parts", ""] + [f"- {f}" for f in failures or ["none"]]
     lines += ["", f"Benchmark wall time: {took_s:.0f} s.", ""]
     return "\n".join(lines)

@@ -41,11 +41,13 @@ HOST_BOUND = (
     "drained after each, the real step took " + ", ".join(
         f"{CAPSTONE_STEP_H100[phase] * 1e3:.2f} ms of {phase}"
         for phase in PHASES)
-    + " (simulated: benchmarks/gpu_vs_sim.md), together "
+    + ", together "
     f"{DRAIN_S * 1e3:.1f} ms "
     "more than the undrained step: the drains cost time too, so the split is rough, but the "
     "missing time is mostly in forward and backward. A profile of the step on the "
-    "GPU would tell host time from kernel time; none was taken")
+    "GPU would tell host time from kernel time: make bench-gpu takes one now "
+    "(capstone_profile: the GPU's busy time, and the kernels and operations issued "
+    "per step), which no GPU has run yet")
 CAPSTONE_CONFIG = ("notebook 10's TinyGPT (2 layers, 8 x 64 tokens, fp32), AdamW "
                    "(foreach), torch's DDP on one rank of dt.run over nccl")
 

@@ -15,7 +15,12 @@ compute stream, in virtual seconds from the start of the function:
   host `host_s_per_op` to issue, and its kernel starts once it is issued and
   the stream is free, so small kernels wait for the host. `.item()` and a
   barrier make the host wait for the stream; a blocking collective makes
-  only the stream wait, as NCCL's do. Compute that runs while a collective
+  only the stream wait, as NCCL's do. Inside `optimizer.step()`, operations
+  on nothing but 0-dimensional CPU tensors are the host's own: torch's
+  optimizers keep their step counters as such "CPU scalars" beside
+  parameters on the GPU, unless capturable or fused (`_init_group` in
+  torch/optim/adam.py and adamw.py), and read them with `.item()` without
+  waiting for the GPU; they cost host time and no kernel. Compute that runs while a collective
   occupies the channel is slowed by `overlap_slowdown`.
 - `record_call` (every torch.distributed collective, wrapped as in a traced
   run) first exchanges, over the same group, each rank's issue time and when
@@ -124,6 +129,11 @@ class SimulatedRecorder(Recorder):
         while busy and busy[0][1] <= start:
             busy.popleft()
         return overlapped_end(start, work, busy, slowdown)
+
+    def host_op(self) -> None:
+        """An operation the host does alone: its issue time, no kernel."""
+        if self.achieved is not None:
+            self.host += self.achieved.host_s_per_op
 
     def sync_host(self) -> None:
         """The host waits for the stream (`.item()`, a barrier)."""
@@ -267,10 +277,19 @@ class _ChargeEveryOp(TorchDispatchMode):
         recorder = self.recorder
         if (recorder.charging and func.namespace == "aten"
                 and not func.is_view and func.overloadpacket not in FREE_OPS):
+            if recorder.in_optimizer and _on_cpu_scalars((args, kwargs, out)):
+                recorder.host_op()  # a step counter: the host's, no kernel
+                return out
             recorder.kernel(kernel_seconds(recorder.simulation, func, args, kwargs, out))
             if func is torch.ops.aten._local_scalar_dense.default:  # .item()
                 recorder.sync_host()
         return out
+
+
+def _on_cpu_scalars(value) -> bool:
+    """True when every tensor in `value` is a 0-dim CPU tensor (and there is one)."""
+    tensors = list(tensors_in(value))
+    return bool(tensors) and all(t.dim() == 0 and t.device.type == "cpu" for t in tensors)
 
 
 def _global_ranks(group) -> list:

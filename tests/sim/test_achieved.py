@@ -184,3 +184,24 @@ def test_a_cluster_run_on_real_ranks_is_real_and_repeats_its_virtual_times():
     for (_, got), (_, want) in zip(first, real):
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     assert first.timeline.clock == sim.label
+
+
+def test_the_optimizers_step_counters_are_host_work_that_waits_for_no_kernel():
+    """AdamW reads each parameter's step counter (a 0-dim CPU tensor) with
+    .item(): on a real GPU that waits for nothing, so the host goes on issuing
+    the update while a long kernel still runs; a loss's .item() does wait."""
+    from ddp_teach.sim.runtime import SimulatedRecorder
+    clock = SimulatedRecorder(0, Simulation("H100 SXM", cluster="DGX H100"))
+    big = torch.randn(2048, 2048)
+    params = [nn.Parameter(torch.randn(8)) for _ in range(4)]
+    for p in params:
+        p.grad = torch.ones(8)
+    optimizer = torch.optim.AdamW(params, foreach=True)
+    with clock.running():
+        big @ big                          # a kernel of about 20 us on the GPU
+        busy_until = clock.clock
+        optimizer.step()
+        issued = clock.host
+        big.sum().item()                   # a real .item(): the host waits
+    assert issued < busy_until             # the update was issued meanwhile
+    assert clock.host >= clock.clock

@@ -96,3 +96,17 @@ def test_attention_is_timed_with_each_kernel_the_simulator_knows_for_the_gpu(ben
     a100 = bench.simulated("A100 80GB", "DGX A100", 1, 256)
     assert bench.attention_row("bfloat16", "flash") in a100
     assert not any("cudnn" in what for what in a100)
+
+
+def test_the_capstone_profile_counts_what_the_host_issues_and_the_report_shows_it(bench):
+    import ddp_teach as dt
+    (counts,) = dt.run(bench.capstone_profile, 1, args=("cpu", 2, 1), timeout=120)
+    # on the CPU no kernel runs on a GPU; the host still issues every operation
+    assert counts["kernels"] == 0 and counts["gpu_busy_s"] == 0
+    assert counts["aten_ops"] > 100          # forward, backward, DDP and AdamW
+    simulated = bench.simulated("H100 SXM", "DGX H100", 1, 256)
+    assert 0 < simulated[bench.BUSY_ROW][0] < simulated[bench.CAPSTONE_ROW][0]
+    measured = {bench.PROFILE_COUNTS[key][0]: counts[key] for key in ("kernels", "aten_ops")}
+    text = bench.report("NVIDIA H100 80GB HBM3", 1, ("H100 SXM", "DGX H100", ""),
+                        simulated, measured, [], 1.0, dry=True)
+    assert f"| {bench.PROFILE_COUNTS['aten_ops'][0]} | {counts['aten_ops']:,.3g} | - |" in text
