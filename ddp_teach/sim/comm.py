@@ -16,7 +16,7 @@ measurement (a "calibrate" row of `benchmarks/sim_vs_published.md`):
   NVLink 4 fabric;
 - "nvls" (NVLink SHARP inside one node): all-reduce of 8 GiB on 8x H100
   SXM, NCCL_ALGO=NVLS, 478.87 GB/s busbw, NCCL 2.18.5 (Azure/AI-
-  benchmarking-guide, ND H100 v5 results);
+  benchmarking-guide, ND H100 v5 results), with NVLS's chunks below;
 - "across nodes" (ring or tree over the network): all-reduce on 4 nodes of
   8x H100 with 8x 400 Gb/s InfiniBand each, 330.93 GB/s busbw, NCCL 2.24.3
   (Voltage Park / Georgia Tech benchmark, as published in
@@ -24,6 +24,21 @@ measurement (a "calibrate" row of `benchmarks/sim_vs_published.md`):
 - "nvls tree" (NVLS in each node, a tree between them): all-reduce of 512
   MiB on 2 nodes of 8x H20 (NVLink 4, 8x NDR 400 Gb/s per node), 3,219 us,
   NCCL 2.21.5 (NVIDIA/nccl issue 1244).
+
+NVLS moves a buffer in chunks, `NVLS_CHANNELS` channels times one "head"
+per GPU of the node at once, and NCCL shrinks the chunk for smaller
+buffers: 128 KiB, then 64, 32 and 16 KiB below 64, 8 and 2 times the
+concurrent chunks' bytes (`computeColl` in src/enqueue.cc, the same in
+releases v2.18.5-1 and v2.27.7-1; one head per GPU: the NVLS graph in
+src/graph/search.cc "pulls evenly from all GPUs"). Each chunk pays a fixed
+cost beside its bytes, and an all-reduce is two stages (the switch
+reduces, then multicasts), so one chunk's time fills the pipeline. So an
+NVLS collective takes NCCL's latency + (k + min(k, 1)) chunk times, for k
+chunks per head, and medium buffers, in smaller chunks, reach less of the
+bandwidth: at 16 MiB about half of what 8 GiB reaches. The per-chunk cost
+and the "nvls" fraction are solved together from two rows of the Azure
+run, 8 GiB (above) and 64 MiB at 361.78 GB/s busbw; none of the others saw
+them.
 
 Point-to-point (send / recv) has no tuning model in NCCL: we charge it as
 one step of a Simple ring over the link between the two ranks (NVLink or
@@ -33,8 +48,10 @@ the same achieved fractions.
 from ddp_teach.sim import nccl
 from ddp_teach.sim.cluster import NVLINK
 
-ACHIEVED = {"in node": 0.991, "nvls": 0.886, "across nodes": 0.907,
+ACHIEVED = {"in node": 0.991, "nvls": 0.974, "across nodes": 0.907,
             "nvls tree": 0.549}
+NVLS_CHANNELS = 16        # NCCL_NVLS_NCHANNELS' default (src/transport/nvls.cc)
+NVLS_CHUNK_S = 5.4e-6     # the fixed cost of one chunk (see the module's doc)
 
 
 def kind_of(plan, nodes: int) -> str:
@@ -57,7 +74,31 @@ def collective_seconds(op: str, nbytes: float, ranks, cluster,
     plan = nccl.choose(op, nbytes, len(ranks), nodes, cluster, algorithm)
     if len(ranks) == 1:
         return 0.0
-    return plan.latency_s + nbytes / (plan.bandwidth * ACHIEVED[kind_of(plan, nodes)])
+    bandwidth = plan.bandwidth * ACHIEVED[kind_of(plan, nodes)]
+    if plan.algorithm == "nvls":
+        return plan.latency_s + nvls_chunks_seconds(nbytes, bandwidth, len(ranks) // nodes)
+    return plan.latency_s + nbytes / bandwidth
+
+
+def nvls_chunk_bytes(nbytes: float, concurrent: int) -> int:
+    """The chunk NCCL's NVLS moves `nbytes` in, with `concurrent` chunks
+    in flight (channels x heads): src/enqueue.cc's schedule."""
+    chunk = 131072
+    for times, smaller in ((64, 65536), (8, 32768), (2, 16384)):
+        if nbytes < times * concurrent * chunk:
+            chunk = smaller
+    return chunk
+
+
+def nvls_chunks_seconds(nbytes: float, bandwidth: float, gpus_per_node: int) -> float:
+    """Seconds an NVLS collective moves `nbytes` in at `bandwidth` (bytes of
+    the buffer per second, all chunks together), chunk by chunk (see the
+    module's doc); NCCL's latency comes on top."""
+    concurrent = NVLS_CHANNELS * gpus_per_node
+    chunk = nvls_chunk_bytes(nbytes, concurrent)
+    per_head = chunk / (bandwidth / concurrent) + NVLS_CHUNK_S
+    chunks = nbytes / (chunk * concurrent)
+    return (chunks + min(chunks, 1.0)) * per_head
 
 
 def p2p_seconds(nbytes: float, source: int, target: int, cluster) -> float:

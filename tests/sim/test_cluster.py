@@ -164,3 +164,22 @@ def test_bad_inputs_get_clear_errors():
         Cluster("x", 8, "PCIe", 1e9, 0, 0.0, nvls=True)
     with pytest.raises(ValueError, match="Link"):
         Simulation("A100 80GB", Link(-1.0, 0.0))
+
+
+def test_nvls_moves_smaller_buffers_in_smaller_chunks_as_nccl_does():
+    from ddp_teach.sim.comm import nvls_chunk_bytes
+    concurrent = 16 * 8      # NVLS channels x one head per GPU of a DGX H100
+    mib = 2 ** 20
+    assert [nvls_chunk_bytes(n, concurrent) for n in
+            (8192 * mib, 1024 * mib, 1024 * mib - 1, 64 * mib, 64 * mib - 1,
+             8 * mib, 8 * mib - 1, 1024)] == \
+        [131072, 131072, 65536, 65536, 32768, 32768, 16384, 16384]
+
+
+def test_smaller_chunks_give_medium_nvls_all_reduces_less_of_the_bandwidth():
+    from ddp_teach.sim import comm
+    dgx = cluster("DGX H100")
+    mib = 2 ** 20
+    rates = {n: n / comm.collective_seconds("all_reduce", n, 8, dgx, "nvls")
+             for n in (16 * mib, 256 * mib, 8192 * mib)}
+    assert rates[16 * mib] < 0.7 * rates[8192 * mib] < rates[256 * mib]
