@@ -81,6 +81,13 @@ def _collective(*fields):
     return Measurement("collective", *fields)
 
 
+def _azure_nvls(size: str, nbytes: int, figure: float, role="validate", note=""):
+    """One more size of Azure's NVLS all-reduce sweep on 8 H100s (busbw)."""
+    return _collective(f"all-reduce {size}, 8 GPUs, NVLS", "as the 8 GiB NVLS row",
+                       AZURE_H100, figure, "GB/s busbw", role,
+                       lambda: busbw("DGX H100", "all_reduce", nbytes, 8, "nvls"), note)
+
+
 def _kernel(*fields):
     return Measurement("kernel", *fields)
 
@@ -114,27 +121,16 @@ MEASUREMENTS = [
         "all-reduce 512 MiB, 16 GPUs in 2 nodes", "2 nodes x 8 H20 (NVLink 4), 8x NDR "
         "400 Gb/s per node, NCCL 2.21.5, NCCL's choice", NCCL_1244, 3219.0, "us",
         "calibrate", lambda: micros("DGX H100", "all_reduce", 512 * MIB, 16)),
-    _collective(
-        "all-reduce 64 MiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 361.78,
-        "GB/s busbw", "calibrate", lambda: busbw("DGX H100", "all_reduce", 64 * MIB, 8, "nvls")),
-    _collective(
-        "all-reduce 1 GiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 466.35,
-        "GB/s busbw", "validate", lambda: busbw("DGX H100", "all_reduce", GIB, 8, "nvls")),
-    _collective(
-        "all-reduce 256 MiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 423.38,
-        "GB/s busbw", "validate", lambda: busbw("DGX H100", "all_reduce", 256 * MIB, 8, "nvls")),
-    _collective(
-        "all-reduce 16 MiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 234.45,
-        "GB/s busbw", "validate", lambda: busbw("DGX H100", "all_reduce", 16 * MIB, 8, "nvls")),
-    _collective(
-        "all-reduce 1 MiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 43.70,
-        "GB/s busbw", "validate", lambda: busbw("DGX H100", "all_reduce", MIB, 8, "nvls")),
-    _collective(
-        "all-reduce 128 KiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, 5.40,
-        "GB/s busbw", "validate", lambda: busbw("DGX H100", "all_reduce", 128 * 1024, 8, "nvls"),
-        "from 64 KiB to 1 MiB this run's all-reduce took about 42 us whatever the size, "
-        "17 us more than NCCL's latency for NVLS (25 us, which the 1 KiB row's 25.6 us "
-        "confirms); neither NCCL's model nor the chunks have that step"),
+    _azure_nvls("64 MiB", 64 * MIB, 361.78, "calibrate"),
+    _azure_nvls("1 GiB", GIB, 466.35),
+    _azure_nvls("256 MiB", 256 * MIB, 423.38),
+    _azure_nvls("16 MiB", 16 * MIB, 234.45),
+    _azure_nvls("1 MiB", MIB, 43.70),
+    _azure_nvls(
+        "128 KiB", 128 * 1024, 5.40, note="from 64 KiB to 1 MiB this run's all-reduce "
+        "took about 42 us whatever the size, 17 us more than NCCL's latency for NVLS "
+        "(25 us, which the 1 KiB row's 25.6 us confirms); neither NCCL's model nor "
+        "the chunks have that step"),
     _collective(
         "all-reduce 1 KiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row; busbw 0.07 GB/s "
         "printed with 2 decimals: 24-27 us", AZURE_H100, 1024 * 1.75 / 0.07e9 * 1e6, "us",
