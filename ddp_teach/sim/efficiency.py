@@ -92,7 +92,6 @@ class Achieved:
             raise ValueError("overlap_slowdown must be >= 1 (1: no slowdown); "
                              f"got {self.overlap_slowdown!r}")
 
-
     def attention_fraction(self, kernel: str, dtype: str) -> float:
         """The fraction of peak `kernel` reaches on `dtype` inputs: cuDNN's
         only for 16-bit ones, which are all it runs."""

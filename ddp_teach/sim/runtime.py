@@ -20,8 +20,9 @@ compute stream, in virtual seconds from the start of the function:
   optimizers keep their step counters as such "CPU scalars" beside
   parameters on the GPU, unless capturable or fused (`_init_group` in
   torch/optim/adam.py and adamw.py), and read them with `.item()` without
-  waiting for the GPU; they cost host time and no kernel. Compute that runs while a collective
-  occupies the channel is slowed by `overlap_slowdown`.
+  waiting for the GPU; they cost host time and no kernel. Compute that
+  runs while a collective occupies the channel is slowed by
+  `overlap_slowdown`.
 - `record_call` (every torch.distributed collective, wrapped as in a traced
   run) first exchanges, over the same group, each rank's issue time and when
   its communication channel is free; the collective starts at the latest of
