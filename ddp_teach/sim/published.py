@@ -155,9 +155,12 @@ MEASUREMENTS = [
         "all-reduce 1 KiB, 8 A100", "as the 8 GiB A100 row; busbw 0.04 GB/s: 40-51 us",
         AZURE_A100, 1024 * 1.75 / 0.04e9 * 1e6, "us", "validate",
         lambda: micros("DGX A100", "all_reduce", 1024, 8),
-        "the run asked for NVLS, which A100s lack, so which algorithm ran is unknown; "
-        "a virtual machine on AMD EPYC hosts. The simulated figure is NCCL's ring LL; "
-        "a bare-metal measurement of the default algorithm would be the fair check"),
+        "the page says NVLS, which A100s lack; NCCL 2.18.5 cannot run an all-reduce "
+        "with NVLS alone there (its enqueue.cc stops with \"no algorithm/protocol "
+        "available\"), so this run used NCCL's own choice, ring LL in NCCL's model, "
+        "whose 15 us the simulator charges. The run took three times that, in a "
+        "virtual machine on AMD EPYC hosts; a bare-metal figure would be the fair "
+        "check"),
     _collective(
         "all-reduce 4 GiB, 32 GPUs in 4 nodes (RoCE)", "4 nodes x 8 H100, 8x 400 Gb "
         "RoCE per node, NCCL 2.19.3, 4-8 GB messages: about 320 GB/s",
@@ -176,7 +179,11 @@ MEASUREMENTS = [
         "all-reduce 1 MiB, 16 GPUs in 2 nodes", "as the 512 MiB row", NCCL_1244, 121.8,
         "us", "validate", lambda: micros("DGX H100", "all_reduce", MIB, 16),
         "that cluster's times hardly grow from 1 MiB to 4 MiB (121.8 and 127.6 us), "
-        "a floor that NCCL's model, which picks the NVLS tree here, does not have"),
+        "a floor that NCCL's model, which picks the NVLS tree here, does not have; the "
+        "issue itself reports the cluster as slower than it should be (343 GB/s busbw "
+        "at large sizes where 460 were expected), and its sweep is uneven (128 MiB took "
+        "more than twice as long as 64 MiB), so these rows test the model against one "
+        "cluster's troubles as much as against NCCL"),
     _collective(
         "all-reduce 64 MiB, 16 GPUs in 2 nodes", "as the 512 MiB row", NCCL_1244, 468.0,
         "us", "validate", lambda: micros("DGX H100", "all_reduce", 64 * MIB, 16)),
