@@ -10,7 +10,7 @@ and sets each figure beside what the simulator predicts for the same GPU
   with each kernel the simulator knows for the GPU (FlashAttention-2, and
   cuDNN's where torch prefers it), each timed with CUDA events; the
   simulator's achieved-rate model (`ddp_teach.sim.efficiency`, as
-  `ddp_teach.sim.published` uses it);
+  `ddp_teach.sim.benchmark_figures` gives it);
 - the host time of one small eager operation (the simulator's
   `host_s_per_op`);
 - ResNet-50 training (AMP, SGD with momentum) on one GPU, and with DDP over
@@ -80,6 +80,7 @@ BUSY_ROW = "the capstone's GPU busy time per step (profiled: its kernels' union)
 PROFILE_COUNTS = {"kernels": ("kernels the capstone's step runs on the GPU", "per step"),
                   "aten_ops": ("ATen operations its host issues (outermost ones)",
                                "per step")}
+
 SWEEP_BYTES = [2 ** k for k in (10, 14, 17, 20, 23, 26, 28)]
 # (words in the GPU's name, device preset, cluster preset or None, a caveat)
 PRESETS = (
