@@ -107,7 +107,9 @@ def report(table, took_s: float) -> str:
         "- Attention runs FlashAttention-2's kernel in every training row, as in the "
         "published runs (llm-foundry's flash kernels; torchtitan's torch 2.6, whose "
         "SDPA did not yet prefer cuDNN's kernel on H100); the simulator's default on "
-        "an H100 is cuDNN's, as torch 2.11 and later pick.",
+        "an H100 is cuDNN's, as torch 2.11 and later pick. The language models' "
+        "causal attention runs at the share of the kernel's full rate that the "
+        "causal cuDNN row gives (`Achieved.causal`).",
         "- FSDP rows trace the course's `dt.fsdp` (each block a unit, bf16 "
         "gathers, fp32 reduce-scatters, AdamW) and schedule the trace as torch's "
         "FSDP2 overlaps it (`predict.fsdp2`). The torchtitan (Llama) rows "

@@ -53,6 +53,6 @@ def attention_tflops(device, batch, heads, length, head_dim, forward_only=False,
     nbytes = 4 * batch * heads * length * head_dim * 2
     passes = [(flops, nbytes)] + ([] if forward_only else [(2.5 * flops, 2 * nbytes)])
     seconds = sum(efficiency.rate_seconds(d, d.achieved, "attention", f, b, dtype,
-                                          burst=True, attention=kernel)
+                                          burst=True, attention=kernel, causal=causal)
                   for f, b in passes)
     return sum(f for f, _ in passes) / seconds / 1e12

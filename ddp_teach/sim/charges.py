@@ -70,7 +70,8 @@ def attention_seconds(simulation, q, k, v, causal: bool, backward: bool) -> floa
     if achieved is None:
         return simulation.device.op_seconds(flops, nbytes, dtype)
     return efficiency.rate_seconds(simulation.device, achieved, "attention",
-                                   flops, nbytes, dtype, attention=simulation.attention)
+                                   flops, nbytes, dtype, attention=simulation.attention,
+                                   causal=causal)
 
 
 def _work(func, args, kwargs, out):

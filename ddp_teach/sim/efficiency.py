@@ -36,6 +36,12 @@ function `check_prefer_cudnn_attention` there asks for sm90 or sm100 and
 cuDNN newer than 9.15.1); on Ampere cuDNN is not preferred. The two differ
 by 1.7 to 1.8 times on an H100. fp32 inputs run neither (torch uses its
 memory-efficient kernel), and are charged at `attention` of the fp32 peak.
+A causal mask halves the work (the FLOPs counted are halved too), but the
+kernel does that half at `causal` of its full-mask rate: the tiles on the
+diagonal are computed whole and then masked, and the query blocks near
+the start of the sequence (block i sees i + 1 key blocks) have little
+work to spread their fixed costs over. One fraction for every GPU and kernel (a stated simplification:
+cuDNN keeps 85-94% from 4k to 64k tokens, FlashAttention-2 87-100%).
 
 The host side: an eager PyTorch program issues one kernel per operation
 from Python, and each costs `host_s_per_op` of CPU time whatever its size
@@ -54,6 +60,11 @@ TILES = ((256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64),
 
 
 ATTENTION_KERNELS = ("flash", "cudnn")
+# causal: cuDNN 9.1's fused attention forward and backward, batch 2, 16 heads
+# of 128, 8192 tokens, bf16, on an H200 (H100's chip) with clocks locked:
+# 490.3 TFLOP/s causal (FLOPs halved) against 563.7 without a mask
+# (NVIDIA/cudnn-frontend, benchmark/benchmark_results.csv)
+CAUSAL = 490.3 / 563.7
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,8 @@ class Achieved:
     """Fractions of a device's peaks that real kernels reach (see the module's
     doc), GPU-side seconds per kernel, and host-side seconds per operation.
     attention: FlashAttention-2's fraction; attention_cudnn: cuDNN's fused
-    attention, on GPUs where torch prefers it (None elsewhere)."""
+    attention, on GPUs where torch prefers it (None elsewhere); causal: the
+    share of its full-mask rate a kernel keeps with a causal mask."""
     sms: int
     matmul: float
     memory: float
@@ -72,11 +84,12 @@ class Achieved:
     overlap_slowdown: float = 1.189
     sustained: float = 1.0
     attention_cudnn: float | None = None
+    causal: float = CAUSAL
 
     def __post_init__(self):
         if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1:
             raise ValueError(f"sms must be an int >= 1; got {self.sms!r}")
-        for name in ("matmul", "memory", "attention", "conv", "sustained"):
+        for name in ("matmul", "memory", "attention", "conv", "sustained", "causal"):
             value = getattr(self, name)
             if not (0 < value <= 1):
                 raise ValueError(f"Achieved.{name} is a fraction of the peak, "
@@ -92,12 +105,14 @@ class Achieved:
             raise ValueError("overlap_slowdown must be >= 1 (1: no slowdown); "
                              f"got {self.overlap_slowdown!r}")
 
-    def attention_fraction(self, kernel: str, dtype: str) -> float:
-        """The fraction of peak `kernel` reaches on `dtype` inputs: cuDNN's
-        only for 16-bit ones, which are all it runs."""
+    def attention_fraction(self, kernel: str, dtype: str, causal: bool = False) -> float:
+        """The fraction of peak `kernel` reaches on `dtype` inputs (cuDNN's
+        only for 16-bit ones, which are all it runs), with a causal mask or
+        without."""
         sixteen_bit = dtype in ("float16", "bfloat16")
-        return self.attention_cudnn if kernel == "cudnn" and sixteen_bit \
+        fraction = self.attention_cudnn if kernel == "cudnn" and sixteen_bit \
             else self.attention
+        return fraction * (self.causal if causal else 1.0)
 
 
 def attention_kernel(achieved: Achieved | None, requested: str | None = None) -> str:
@@ -134,13 +149,13 @@ def matmul_seconds(device, achieved: Achieved, m: int, n: int, k: int,
 
 def rate_seconds(device, achieved: Achieved, kind: str, flops: float,
                  nbytes: float, dtype: str = "float32", burst: bool = False,
-                 attention: str = "flash") -> float:
+                 attention: str = "flash", causal: bool = False) -> float:
     """A convolution ("conv"), fused attention ("attention", run by the
-    `attention` kernel) or any other kernel ("memory"): its arithmetic at
-    the kind's fraction of peak (full peak for "memory") or its bytes,
-    whichever takes longer."""
+    `attention` kernel, with a `causal` mask or without) or any other kernel
+    ("memory"): its arithmetic at the kind's fraction of peak (full peak for
+    "memory") or its bytes, whichever takes longer."""
     fraction = {"conv": achieved.conv, "memory": 1.0,
-                "attention": achieved.attention_fraction(attention, dtype)}[kind]
+                "attention": achieved.attention_fraction(attention, dtype, causal)}[kind]
     busy = max(flops / (_peak(device, dtype) * fraction),
                _streaming(device, achieved, nbytes))
     return achieved.kernel_s + busy / (1.0 if burst else achieved.sustained)
@@ -200,11 +215,13 @@ def _streaming(device, achieved: Achieved, nbytes: float) -> float:
 #   causal): 563.7 TFLOP/s on an H200, H100's chip, clocks locked at 1980
 #   MHz (NVIDIA/cudnn-frontend, benchmark/benchmark_results.csv); forward
 #   and backward, as the FlashAttention-2 figure is, since training runs both;
+# - causal: the same benchmark with a causal mask (`CAUSAL`, above);
 # - sustained: llm-foundry's MPT-7B training with FSDP, 2,048 tokens, no
 #   activation checkpointing: 10,643 tokens/s per GPU on 8x H100 80GB
 #   (micro-batch 6) and 4,641 on 8x A100 80GB (micro-batch 6, 2 micro-
 #   steps per step) (mosaicml/llm-foundry, scripts/train/benchmarking/
-#   README.md), simulated with FSDP2's schedule (`predict.fsdp2`);
+#   README.md), simulated with FSDP2's schedule (`predict.fsdp2`) and its
+#   causal attention at `causal` of FlashAttention-2's rate;
 # - conv: ResNet-50 v1.5 training with AMP, batch 256, one A100 80GB, 2,470
 #   images/s (NVIDIA DeepLearningExamples, PyTorch ConvNets README), with
 #   A100's sustained fraction above;
@@ -222,11 +239,11 @@ def _streaming(device, achieved: Achieved, nbytes: float) -> float:
 KERNEL_S = 3.74e-6
 ACHIEVED = {
     "H100 SXM": Achieved(sms=132, matmul=0.851, memory=2.97e12 / 3.35e12,
-                         attention=327.9 / 989.4, conv=0.443, kernel_s=KERNEL_S,
-                         sustained=0.710, attention_cudnn=563.7 / 989.4),
+                         attention=327.9 / 989.4, conv=0.436, kernel_s=KERNEL_S,
+                         sustained=0.719, attention_cudnn=563.7 / 989.4),
     "A100 80GB": Achieved(sms=108, matmul=0.815, memory=1.70e12 / 2.039e12,
-                          attention=179.5 / 312, conv=0.443, kernel_s=KERNEL_S,
-                          sustained=0.881),
+                          attention=179.5 / 312, conv=0.436, kernel_s=KERNEL_S,
+                          sustained=0.888),
 }
 ACHIEVED.update({name: replace(ACHIEVED["A100 80GB"], sms=sms) for name, sms in
                  (("V100 SXM2", 80), ("T4", 40), ("RTX 4090", 128))})
