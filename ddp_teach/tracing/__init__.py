@@ -2,8 +2,8 @@
 
 `recorder` wraps torch.distributed's calls in a traced run; `marks` lets the
 learner mark compute (`span`, `trace_layers`); `events` is the record both
-produce; `timeline` turns every rank's events into pictures and numbers
-(overlap, idle time, bytes).
+produce; `timeline` turns every rank's events into numbers (overlap, idle
+time, bytes) and pictures, which `drawing` draws.
 """
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 from ddp_teach.tracing.marks import span, trace_layers

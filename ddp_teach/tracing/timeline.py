@@ -4,8 +4,9 @@ Data-parallel training is fast when communication hides behind computation:
 while backward still runs, buckets of finished gradients are already being
 all-reduced. A `Timeline` holds the events every rank recorded (see
 `ddp_teach.events`) and answers, per rank, how much of the communication was
-hidden and how much the rank had to wait for, then draws it: one lane for
-compute and one for communication per rank, on one clock.
+hidden and how much the rank had to wait for, then draws it
+(`ddp_teach.tracing.drawing`): one lane for compute and one for
+communication per rank, on one clock.
 
 The overlap metric is the one of Meta's Holistic Trace Analysis (HTA,
 https://github.com/facebookresearch/HolisticTraceAnalysis, "Communication
@@ -15,26 +16,20 @@ both taken over the union of each kind's intervals on a rank. HTA reports it as
 a percentage; here it is a fraction in [0, 1].
 """
 import json
-import re
 import warnings
 from typing import Iterable, Iterator
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
+from ddp_teach.tracing import drawing
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 
 Interval = tuple[float, float]
 
-COLORS = {COMPUTE: "#3b6fb6", COMM: "#e07b24"}
-# compute named after its phase (a simulated run's events, trace_layers' marks)
-PHASE_COLORS = {"forward": "#74a9e0", "backward": "#1f9e89", "optimizer": "#8e5ea2"}
 NO_COMPUTE = ("no compute was marked, so overlap cannot be measured: wrap the "
               "work in `with dt.span('backward'):`, pass the model through "
               "dt.trace_layers(model), or run with simulate=, which records "
               "compute by itself")
-EMULATED_COLOR = "#f6cfa8"
-LANE_HEIGHT = 0.8
 TRACE_THREADS = {COMPUTE: (0, "compute"), COMM: (1, "communication")}
 MS = 1e3
 US = 1e6
@@ -68,47 +63,6 @@ def intersection_length(a: Iterable[Interval], b: Iterable[Interval]) -> float:
         else:
             j += 1
     return shared
-
-
-def _rows_without_overlap(events: list[Event]) -> list[int]:
-    """A row per event (sorted by start) so that events sharing a row do not
-    overlap: concurrent all-reduces are drawn one above the other."""
-    row_ends: list[float] = []
-    rows = []
-    for e in events:
-        row = next((i for i, end in enumerate(row_ends) if end <= e.start), len(row_ends))
-        if row == len(row_ends):
-            row_ends.append(e.end)
-        else:
-            row_ends[row] = e.end
-        rows.append(row)
-    return rows
-
-
-def _phase(name: str) -> str:
-    """The leading word of an event's name: "backward" of "backward fc1"."""
-    return re.match(r"[A-Za-z]*", name).group()
-
-
-def _color(event: Event) -> str:
-    if event.kind == COMM:
-        return COLORS[COMM]
-    return PHASE_COLORS.get(_phase(event.name), COLORS[COMPUTE])
-
-
-def _legend(ax, emulated: bool, phases=()) -> None:
-    """Colour key to the right of `ax`: one entry per compute phase drawn (or
-    "compute"), communication, and emulation only when there is some."""
-    handles = [Patch(color=PHASE_COLORS[p], label=p) for p in PHASE_COLORS
-               if p in phases]
-    if not handles or set(phases) - set(PHASE_COLORS):  # other names: "compute"
-        handles.append(Patch(color=COLORS[COMPUTE], label="compute"))
-    handles.append(Patch(color=COLORS[COMM], label="communication"))
-    if emulated:
-        handles.append(Patch(facecolor=EMULATED_COLOR, hatch="////", linewidth=0,
-                             hatchcolor=COLORS[COMM], label="emulated (slow link)"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1),
-              frameon=False, fontsize="small")
 
 
 class Timeline:
@@ -227,8 +181,9 @@ class Timeline:
             figure = Figure(figsize=(11, 1.2 + 0.45 * 2 * max(1, len(self.ranks))),
                             layout="constrained")
             ax = figure.add_subplot()
-        self._draw(ax)
-        _legend(ax, emulated=self._has_emulation(), phases=self._phases())
+        drawing.draw_lanes(ax, self.events, self.ranks, self.lane)
+        drawing.legend(ax, emulated=drawing.has_emulation(self.events),
+                       phases=drawing.phases(self.events))
         ax.set_xlabel(self._time_label("time (ms)"))
         if title is None and self._unmarked():
             title = f"{len(self.ranks)} {self.lane}s · {NO_COMPUTE}"
@@ -237,9 +192,6 @@ class Timeline:
                      f"compute: {self.mean_overlap():.0%} (mean overlap)",
                      wrap=True)
         return ax.figure
-
-    def _phases(self) -> set[str]:
-        return {_phase(e.name) for e in self.events if e.kind == COMPUTE}
 
     def _unmarked(self) -> bool:
         """Communication recorded but no compute: overlap would read 0."""
@@ -258,67 +210,15 @@ class Timeline:
         axes = figure.subplots(2, 1, sharex=True, height_ratios=lanes)
         ends_ms = []
         for ax, timeline, label in zip(axes, (a, b), labels):
-            ends_ms.append(timeline._draw(ax))
+            ends_ms.append(drawing.draw_lanes(ax, timeline.events, timeline.ranks,
+                                              timeline.lane))
             ax.set_title(f"{label} · mean overlap {timeline.mean_overlap():.0%}", loc="left")
         axes[0].set_xlim(0, max(ends_ms) * 1.01 or 1)
-        _legend(axes[0], emulated=a._has_emulation() or b._has_emulation(),
-                phases=a._phases() | b._phases())
+        drawing.legend(axes[0], emulated=drawing.has_emulation(a.events + b.events),
+                       phases=drawing.phases(a.events + b.events))
         clocks = " / ".join(dict.fromkeys(t.clock or "real time" for t in (a, b)))
         axes[1].set_xlabel(f"time (ms from each run's first event), {clocks}")
         return figure
-
-    def _has_emulation(self) -> bool:
-        return any(e.emulated_s > 0 for e in self.events)
-
-    def _draw(self, ax) -> float:
-        """Draw the lanes into `ax`; return the time drawn, in ms."""
-        origin = min((e.start for e in self.events), default=0.0)
-        end_ms = (max((e.end for e in self.events), default=0.0) - origin) * MS
-        lane_y = {}
-        for index, rank in enumerate(self.ranks):
-            lane_y[rank, COMPUTE], lane_y[rank, COMM] = 2.5 * index, 2.5 * index + 1
-        bars = []  # (event, centre y, height): concurrent events share a lane in rows
-        for (rank, kind), y in lane_y.items():
-            events = [e for e in self.events if e.rank == rank and e.kind == kind]
-            rows = _rows_without_overlap(events)
-            height = LANE_HEIGHT / (max(rows, default=0) + 1)
-            bars += [(e, y - LANE_HEIGHT / 2 + (row + 0.5) * height, height)
-                     for e, row in zip(events, rows)]
-        if bars:
-            events, centres, heights = zip(*bars)
-            ax.barh(centres, [e.duration * MS for e in events], heights,
-                    left=[(e.start - origin) * MS for e in events],
-                    color=[_color(e) for e in events], linewidth=0)
-        tails = [(e, y, h) for e, y, h in bars if e.emulated_s > 0]
-        if tails:
-            events, centres, heights = zip(*tails)
-            ax.barh(centres, [e.emulated_s * MS for e in events], heights,
-                    left=[(e.end - e.emulated_s - origin) * MS for e in events],
-                    color=EMULATED_COLOR, hatch="////", hatchcolor=COLORS[COMM], linewidth=0)
-        self._label_wide_bars(ax, bars, origin, end_ms)
-        ax.set_yticks(list(lane_y.values()),
-                      [f"{self.lane} {rank} {kind}" for rank, kind in lane_y])
-        ax.set_ylim(max(lane_y.values(), default=1) + 0.75, -0.75)  # rank 0 on top
-        ax.set_xlim(0, end_ms * 1.01 or 1)
-        for index in range(1, len(self.ranks)):
-            ax.axhline(2.5 * index - 0.75, color="0.85", linewidth=0.8)
-        ax.grid(axis="x", color="0.92")
-        ax.set_axisbelow(True)
-        ax.tick_params(axis="y", length=0)
-        return end_ms
-
-    def _label_wide_bars(self, ax, bars, origin: float, end_ms: float,
-                         max_events: int = 120, fontsize: float = 7) -> None:
-        """Write names inside bars wide enough to hold them, when bars are few."""
-        if len(bars) > max_events or end_ms <= 0:
-            return
-        axes_width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
-        ms_per_char = 0.62 * fontsize / axes_width_pt * end_ms * 1.01
-        for e, y, _ in bars:
-            if e.duration * MS >= (len(e.name) + 2) * ms_per_char:
-                ax.text((e.start - origin + e.duration / 2) * MS, y, e.name,
-                        ha="center", va="center", fontsize=fontsize,
-                        color="white" if e.kind == COMPUTE else "black", clip_on=True)
 
     # ---- Chrome trace (Perfetto, chrome://tracing) ---------------------------
 

@@ -256,7 +256,7 @@ def test_a_trace_without_compute_says_how_to_mark_it():
 
 
 def test_phases_have_their_own_colours_and_legend_entries():
-    from ddp_teach.tracing.timeline import PHASE_COLORS
+    from ddp_teach.tracing.drawing import PHASE_COLORS
     events = [Event(0, "forward", COMPUTE, 0.0, 1.0),
               Event(0, "backward fc1", COMPUTE, 1.0, 2.0),
               Event(0, "optimizer", COMPUTE, 2.0, 3.0),
