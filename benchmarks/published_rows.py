@@ -5,8 +5,8 @@ exact configuration, its source, whether a constant of the simulator was
 solved from it ("calibrate") or it only checks them ("validate"), and how to
 simulate it (`published_runs`, on the models of `published_models`).
 """
-from ddp_teach.sim.published import (CAPSTONE_STEP_H100, COURSE_H100, MEASUREMENTS,
-                                     Measurement)
+from ddp_teach.sim.measurement import Measurement
+from ddp_teach.sim.published import CAPSTONE_STEP_H100, COURSE_H100, MEASUREMENTS
 from ddp_teach.sim.simulation import Simulation
 
 import published_runs as runs

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from published_rows import ROWS  # noqa: E402
-from ddp_teach.sim.published import HIGH, LOW  # noqa: E402
+from ddp_teach.sim.measurement import HIGH, LOW  # noqa: E402
 from section import measure_and_publish  # noqa: E402
 
 

@@ -97,6 +97,8 @@ PUBLIC_NAMES = [
     ("sim.predict.pipeline_stage", "function"), ("models.resnet50", "function"),
     ("sim.one_rank", "function"), ("sim.predict.zero3", "function"),
     ("sim.predict.zero3_profile", "function"), ("sim.SimulatedGPUs", "class"),
+    ("sim.published.table", "function"), ("sim.published.MEASUREMENTS", "value"),
+    ("sim.measurement.LOW", "value"), ("sim.measurement.HIGH", "value"),
     ("tracing.now", "function"),
 ]
 KINDS = {"function": callable, "class": lambda obj: isinstance(obj, type),

@@ -25,7 +25,7 @@ load. `predict` gives the textbook cases from the same numbers, and
 `SimulatedGPUs` gives ONE process several simulated devices, for
 DataParallel (`ddp_teach.dp`), whose threads share Python's GIL.
 """
-from ddp_teach.sim import benchmark_figures, nccl, predict, published
+from ddp_teach.sim import benchmark_figures, measurement, nccl, predict, published
 from ddp_teach.sim.cluster import CLUSTERS, Cluster, cluster
 from ddp_teach.sim.efficiency import Achieved
 from ddp_teach.sim.gpus import SimulatedGPUs
@@ -35,4 +35,4 @@ from ddp_teach.sim.simulation import Simulation
 
 __all__ = ["Simulation", "Device", "DEVICES", "LINKS", "device", "link", "predict",
            "one_rank", "SimulatedGPUs", "Cluster", "CLUSTERS", "cluster", "Achieved",
-           "nccl", "published", "benchmark_figures"]
+           "nccl", "published", "measurement", "benchmark_figures"]

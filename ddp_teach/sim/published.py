@@ -8,10 +8,10 @@ that simulates the same configuration: collectives on a cluster preset
 as NCCL would run them (`ddp_teach.sim.comm`), kernels at their achieved
 rates (`ddp_teach.sim.efficiency`). `table()` sets the two side by side.
 
-role "calibrate": a constant of the simulator was solved from this row
-(the constant's comment names it), so its ratio is about 1 by
-construction; "validate": no constant saw it, so its ratio measures the
-model. Training runs (ResNet-50, BERT, MPT, Llama) are in
+Each row is "calibrate" (a constant of the simulator was solved from it;
+the constant's comment names it) or "validate" (no constant saw it), as
+`ddp_teach.sim.measurement` explains, which also holds the tolerance
+every row is held to. Training runs (ResNet-50, BERT, MPT, Llama) are in
 `benchmarks/sim_vs_published.py`, which adds them to these rows.
 
 Collectives are in nccl-tests' terms (NVIDIA/nccl-tests, doc/PERFORMANCE.md):
@@ -19,15 +19,13 @@ sizes are whole buffers in bytes ("1G" = 2^30), algbw = bytes / time, busbw
 = algbw x 2(n-1)/n for all-reduce and x (n-1)/n for all-gather and
 reduce-scatter.
 """
-from dataclasses import dataclass
-from typing import Callable
-
+from ddp_teach.sim import measurement
 from ddp_teach.sim.benchmark_figures import (attention_tflops, busbw, matmul_tflops,
                                              micros, stream_tbps)
 from ddp_teach.sim.hardware import DEVICES
+from ddp_teach.sim.measurement import Measurement
 
 GIB, MIB = 2 ** 30, 2 ** 20
-LOW, HIGH = 0.87, 1.15  # the tolerance every row is held to: within about 15%
 AZURE_H100 = ("Azure/AI-benchmarking-guide, \"Azure Results/ND_H100_v5_results.md\" "
               "(commit f350e7e)")
 AZURE_A100 = ("Azure/AI-benchmarking-guide, Azure_Results/ND_A100_v4_results.md "
@@ -53,28 +51,6 @@ COURSE_H100 = ("measured for this course (benchmarks/gpu_vs_sim.py, 2026-11-26) 
 # here (there is no GPU), so the figures are kept as measured.
 CAPSTONE_STEP_H100 = {"step": 4.24e-3, "forward": 1.75e-3, "backward": 3.13e-3,
                       "optimizer": 0.983e-3}
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One published figure (`published`, in `unit`) and how to simulate it.
-
-    group: "collective", "kernel" or "training"; role: "calibrate" or
-    "validate" (see the module's doc); note: why the simulator misses it,
-    where it does."""
-    group: str
-    what: str
-    config: str
-    source: str
-    published: float
-    unit: str
-    role: str
-    simulate: Callable[[], float]
-    note: str = ""
-
-    def ratio(self, simulated: float) -> float:
-        """simulated / published, in the row's unit (a time or a rate)."""
-        return simulated / self.published
 
 
 def _collective(*fields):
@@ -113,12 +89,7 @@ def _cudnn_frontend(kernel: str, length: int, causal: bool, figure: float,
 def table(rows=None) -> list:
     """[(measurement, simulated, ratio)] for `rows` (default: every
     collective and kernel measurement here)."""
-    rows = MEASUREMENTS if rows is None else rows
-    result = []
-    for row in rows:
-        simulated = row.simulate()
-        result.append((row, simulated, row.ratio(simulated)))
-    return result
+    return measurement.table(MEASUREMENTS if rows is None else rows)
 
 
 MEASUREMENTS = [

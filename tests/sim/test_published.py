@@ -6,6 +6,7 @@ import statistics
 import pytest
 
 from ddp_teach.sim import published
+from ddp_teach.sim.measurement import HIGH, LOW
 
 ROWS = published.table()
 
@@ -31,14 +32,14 @@ def test_the_rows_a_constant_was_solved_from_come_back_within_one_percent():
 
 def test_every_row_out_of_tolerance_says_why():
     for measurement, _, ratio in ROWS:
-        if not published.LOW <= ratio <= published.HIGH:
+        if not LOW <= ratio <= HIGH:
             assert len(measurement.note) > 40, measurement.what
 
 
 def test_the_validation_rows_stay_as_close_as_the_course_says():
     # notebook 10 asserts the same bounds on the table it shows
     checked = [ratio for m, _, ratio in ROWS if m.role == "validate"]
-    inside = sum(published.LOW <= r <= published.HIGH for r in checked)
+    inside = sum(LOW <= r <= HIGH for r in checked)
     assert len(checked) >= 20
     assert statistics.median(abs(r - 1) for r in checked) < 0.15
     assert inside >= 0.75 * len(checked)

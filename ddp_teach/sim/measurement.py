@@ -1,0 +1,47 @@
+"""A measurement of real GPUs set beside the simulator's figure for it.
+
+What a row of the validation table is (`Measurement`), the tolerance every
+row is held to (`LOW`, `HIGH`), and how a table of rows is simulated
+(`table`). The rows themselves live where their sources are named:
+collectives and kernels in `ddp_teach.sim.published`, whole training runs
+in the repository's `benchmarks/published_rows.py`.
+
+role "calibrate": a constant of the simulator was solved from this row, so
+its ratio is about 1 by construction; "validate": no constant saw it, so its
+ratio measures the model.
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+LOW, HIGH = 0.87, 1.15  # the tolerance every row is held to: within about 15%
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One published figure (`published`, in `unit`) and how to simulate it.
+
+    group: "collective", "kernel" or "training"; role: "calibrate" or
+    "validate" (see the module's doc); note: why the simulator misses it,
+    where it does."""
+    group: str
+    what: str
+    config: str
+    source: str
+    published: float
+    unit: str
+    role: str
+    simulate: Callable[[], float]
+    note: str = ""
+
+    def ratio(self, simulated: float) -> float:
+        """simulated / published, in the row's unit (a time or a rate)."""
+        return simulated / self.published
+
+
+def table(rows) -> list:
+    """[(measurement, simulated, ratio)] for each of `rows`, simulated now."""
+    result = []
+    for row in rows:
+        simulated = row.simulate()
+        result.append((row, simulated, row.ratio(simulated)))
+    return result
