@@ -119,6 +119,9 @@ def test_cluster_runs_are_deterministic_and_charge_the_network_across_nodes():
 def test_bad_achieved_figures_are_refused():
     with pytest.raises(ValueError, match="fraction of the peak"):
         Achieved(sms=10, matmul=1.5, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6)
+    with pytest.raises(ValueError, match="causal is a fraction"):
+        Achieved(sms=10, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6,
+                 causal=0)
     with pytest.raises(ValueError, match="sms"):
         Achieved(sms=0, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6)
     with pytest.raises(ValueError, match="overlap_slowdown"):
