@@ -12,8 +12,12 @@ Two ways to charge it:
   kernels reach.
 
 Views and allocations (FREE_OPS) launch no kernel and are free.
+`ChargeEveryOp(recorder)` applies these charges to a running program: a
+dispatch mode that sees every ATen operation below autograd, so backward's
+operations are charged as forward's are.
 """
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from ddp_teach.sim import efficiency
@@ -95,3 +99,33 @@ def tensors_in(value):
             yield from tensors_in(item)
     elif isinstance(value, dict):
         yield from tensors_in(list(value.values()))
+
+
+class ChargeEveryOp(TorchDispatchMode):
+    """While active: every ATen operation the program runs moves `recorder`'s
+    clock by its simulated time (`kernel_seconds`), unless it is free
+    (FREE_OPS, views) or the host's own (an optimizer's step counters)."""
+
+    def __init__(self, recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        recorder = self.recorder
+        if (recorder.charging and func.namespace == "aten"
+                and not func.is_view and func.overloadpacket not in FREE_OPS):
+            if recorder.in_optimizer and _on_cpu_scalars((args, kwargs, out)):
+                recorder.host_op()  # a step counter: the host's, no kernel
+                return out
+            recorder.kernel(kernel_seconds(recorder.simulation, func, args, kwargs, out))
+            if func is torch.ops.aten._local_scalar_dense.default:  # .item()
+                recorder.sync_host()
+        return out
+
+
+def _on_cpu_scalars(value) -> bool:
+    """True when every tensor in `value` is a 0-dim CPU tensor (and there is one)."""
+    tensors = list(tensors_in(value))
+    return bool(tensors) and all(t.dim() == 0 and t.device.type == "cpu" for t in tensors)

@@ -3,8 +3,8 @@
 A `SimulatedRecorder` replaces the trace's recorder. Its clock is the rank's
 compute stream, in virtual seconds from the start of the function:
 
-- `running()` puts a `TorchDispatchMode` around the learner's function, which
-  sees every ATen operation (forward, the autograd engine's backward, the
+- `running()` puts a dispatch mode (`charges.ChargeEveryOp`) around the
+  learner's function, which sees every ATen operation (forward, the autograd engine's backward, the
   optimizer's update), lets the CPU compute it, and moves the clock by the
   operation's time on the simulated device (`charges`: a roofline at
   datasheet peak, or what real kernels achieve). Views and allocations are
@@ -49,11 +49,10 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddp_teach import compat
 from ddp_teach.sim.attention import fused_attention
-from ddp_teach.sim.charges import FREE_OPS, kernel_seconds, tensors_in
+from ddp_teach.sim.charges import ChargeEveryOp, tensors_in
 from ddp_teach.sim.efficiency import overlapped_end
 from ddp_teach.sim.works import VirtualWork, in_backward
 from ddp_teach.tracing.events import COMM, COMPUTE
@@ -104,7 +103,7 @@ class SimulatedRecorder(Recorder):
         hooks = [register_optimizer_step_pre_hook(lambda *_: self._enter_optimizer(1)),
                  register_optimizer_step_post_hook(lambda *_: self._enter_optimizer(-1))]
         try:
-            with fused_attention(self), _ChargeEveryOp(self):
+            with fused_attention(self), ChargeEveryOp(self):
                 yield
         finally:
             for hook in hooks:
@@ -263,34 +262,6 @@ class SimulatedRecorder(Recorder):
             if not work.is_completed():
                 work.wait()
         return sorted(self.events, key=lambda e: e.start)
-
-
-class _ChargeEveryOp(TorchDispatchMode):
-    """Moves the rank's clock by every ATen operation's simulated time."""
-
-    def __init__(self, recorder: SimulatedRecorder):
-        super().__init__()
-        self.recorder = recorder
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        recorder = self.recorder
-        if (recorder.charging and func.namespace == "aten"
-                and not func.is_view and func.overloadpacket not in FREE_OPS):
-            if recorder.in_optimizer and _on_cpu_scalars((args, kwargs, out)):
-                recorder.host_op()  # a step counter: the host's, no kernel
-                return out
-            recorder.kernel(kernel_seconds(recorder.simulation, func, args, kwargs, out))
-            if func is torch.ops.aten._local_scalar_dense.default:  # .item()
-                recorder.sync_host()
-        return out
-
-
-def _on_cpu_scalars(value) -> bool:
-    """True when every tensor in `value` is a 0-dim CPU tensor (and there is one)."""
-    tensors = list(tensors_in(value))
-    return bool(tensors) and all(t.dim() == 0 and t.device.type == "cpu" for t in tensors)
 
 
 def _global_ranks(group) -> list:
