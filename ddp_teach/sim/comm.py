@@ -33,18 +33,32 @@ releases v2.18.5-1 and v2.27.7-1; one head per GPU: the NVLS graph in
 src/graph/search.cc "pulls evenly from all GPUs"). Each chunk pays a fixed
 cost beside its bytes, and an all-reduce is two stages (the switch
 reduces, then multicasts), so one chunk's time fills the pipeline. So an
-NVLS collective takes NCCL's latency + (k + min(k, 1)) chunk times, for k
-chunks per head, and medium buffers, in smaller chunks, reach less of the
+NVLS collective takes NCCL's latency + (k + 1) chunk times, for k >= 1
+rounds of chunks, and medium buffers, in smaller chunks, reach less of the
 bandwidth: at 16 MiB about half of what 8 GiB reaches. The per-chunk cost
-and the "nvls" fraction are solved together from two rows of the Azure
-run, 8 GiB (above) and 64 MiB at 361.78 GB/s busbw; none of the others saw
-them.
+`NVLS_CHUNK_S` and the "nvls" fraction are solved together from two rows
+of the Azure run, 8 GiB (above) and 64 MiB at 361.78 GB/s busbw.
+
+Below one round (2 MiB on 8 GPUs) NCCL does not spread the buffer over
+its channels: channel c takes bytes [c, c + 1) x heads x chunk, so 128 KiB
+keeps one channel busy and the other fifteen idle, and every size from
+128 KiB to 2 MiB leaves the busiest channel the same 128 KiB (the NVLS
+all-reduce kernel, src/collectives/device/all_reduce.h in v2.18.5-1): the
+time stays flat over that range, as the Azure run shows (42-45 us). The
+busiest channel's bytes then set the time, at its 1/16 of the bandwidth,
+and a chunk costs `NVLS_ONE_CHANNEL_S` with one channel working, rising
+linearly to `NVLS_CHUNK_S` with all of them (a stated assumption: the
+channels share the switch). `NVLS_ONE_CHANNEL_S` is solved from the Azure
+run's 128 KiB row, where exactly one channel works; none of the others saw
+either constant.
 
 Point-to-point (send / recv) has no tuning model in NCCL: we charge it as
 one step of a Simple ring over the link between the two ranks (NVLink or
 PCIe inside a node, the GPU's share of its node's NICs across nodes), at
 the same achieved fractions.
 """
+import math
+
 from ddp_teach.sim import nccl
 from ddp_teach.sim.cluster import NVLINK
 
@@ -52,6 +66,7 @@ ACHIEVED = {"in node": 0.991, "nvls": 0.974, "across nodes": 0.907,
             "nvls tree": 0.549}
 NVLS_CHANNELS = 16        # NCCL_NVLS_NCHANNELS' default (src/transport/nvls.cc)
 NVLS_CHUNK_S = 5.4e-6     # the fixed cost of one chunk (see the module's doc)
+NVLS_ONE_CHANNEL_S = 1.8e-6  # ... when one channel alone works (the same)
 
 
 def kind_of(plan, nodes: int) -> str:
@@ -92,13 +107,18 @@ def nvls_chunk_bytes(nbytes: float, concurrent: int) -> int:
 
 def nvls_chunks_seconds(nbytes: float, bandwidth: float, gpus_per_node: int) -> float:
     """Seconds an NVLS collective moves `nbytes` in at `bandwidth` (bytes of
-    the buffer per second, all chunks together), chunk by chunk (see the
-    module's doc); NCCL's latency comes on top."""
+    the buffer per second, all channels together), round by round of chunks
+    (see the module's doc); NCCL's latency comes on top."""
     concurrent = NVLS_CHANNELS * gpus_per_node
-    chunk = nvls_chunk_bytes(nbytes, concurrent)
-    per_head = chunk / (bandwidth / concurrent) + NVLS_CHUNK_S
-    chunks = nbytes / (chunk * concurrent)
-    return (chunks + min(chunks, 1.0)) * per_head
+    per_channel = gpus_per_node * nvls_chunk_bytes(nbytes, concurrent)  # per round
+    channel_bandwidth = bandwidth / NVLS_CHANNELS
+    rounds = nbytes / (per_channel * NVLS_CHANNELS)
+    if rounds >= 1:
+        return (rounds + 1) * (per_channel / channel_bandwidth + NVLS_CHUNK_S)
+    working = math.ceil(nbytes / per_channel)  # the first channels, the others idle
+    chunk_s = NVLS_ONE_CHANNEL_S + (NVLS_CHUNK_S - NVLS_ONE_CHANNEL_S) \
+        * (working - 1) / (NVLS_CHANNELS - 1)
+    return 2 * (min(nbytes, per_channel) / channel_bandwidth + chunk_s)
 
 
 def p2p_seconds(nbytes: float, source: int, target: int, cluster) -> float:

@@ -114,12 +114,16 @@ MEASUREMENTS = [
     _azure_nvls("1 GiB", GIB, 466.35),
     _azure_nvls("256 MiB", 256 * MIB, 423.38),
     _azure_nvls("16 MiB", 16 * MIB, 234.45),
+    _azure_nvls("4 MiB", 4 * MIB, 128.73),
     _azure_nvls("1 MiB", MIB, 43.70),
+    _azure_nvls("512 KiB", 512 * 1024, 21.35),
+    _azure_nvls("128 KiB", 128 * 1024, 5.40, "calibrate"),
     _azure_nvls(
-        "128 KiB", 128 * 1024, 5.40, note="from 64 KiB to 1 MiB this run's all-reduce "
-        "took about 42 us whatever the size, 17 us more than NCCL's latency for NVLS "
-        "(25 us, which the 1 KiB row's 25.6 us confirms); neither NCCL's model nor "
-        "the chunks have that step"),
+        "64 KiB", 64 * 1024, 2.72, note="the one channel that works holds half of its "
+        "128 KiB round here, and the simulator charges half of the round's bytes; the "
+        "run took the whole round's 42 us, as at 128 KiB, while 32 KiB and less took "
+        "25.6 to 33.5 us: a step between 32 and 64 KiB that neither NCCL's model nor "
+        "the simulator has"),
     _collective(
         "all-reduce 1 KiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row; busbw 0.07 GB/s "
         "printed with 2 decimals: 24-27 us", AZURE_H100, 1024 * 1.75 / 0.07e9 * 1e6, "us",

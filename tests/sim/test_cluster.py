@@ -183,3 +183,18 @@ def test_smaller_chunks_give_medium_nvls_all_reduces_less_of_the_bandwidth():
     rates = {n: n / comm.collective_seconds("all_reduce", n, 8, dgx, "nvls")
              for n in (16 * mib, 256 * mib, 8192 * mib)}
     assert rates[16 * mib] < 0.7 * rates[8192 * mib] < rates[256 * mib]
+
+
+def test_below_one_round_nvls_fills_channels_one_by_one_so_its_time_stays_flat():
+    # channel c takes bytes [c, c + 1) x 8 heads x 16 KiB: from 128 KiB to 2 MiB
+    # the busiest channel always holds 128 KiB (Azure's run: 42-45 us throughout)
+    from ddp_teach.sim import comm
+    dgx = cluster("DGX H100")
+    kib = 1024
+    times = {n: comm.collective_seconds("all_reduce", n * kib, 8, dgx, "nvls")
+             for n in (1, 64, 128, 256, 1024, 2048)}
+    assert max(times[n] for n in (128, 256, 1024)) < 1.1 * times[128]
+    assert times[64] < times[128] < times[2048] < 1.25 * times[128]
+    # one channel moves the 128 KiB at a sixteenth of the bandwidth: well above
+    # the latency (17 us in that run), where spread over all 16 it would not be
+    assert times[128] - times[1] > 10e-6
