@@ -39,12 +39,16 @@ bandwidth: at 16 MiB about half of what 8 GiB reaches. The per-chunk cost
 `NVLS_CHUNK_S` and the "nvls" fraction are solved together from two rows
 of the Azure run, 8 GiB (above) and 64 MiB at 361.78 GB/s busbw.
 
-Below one round (2 MiB on 8 GPUs) NCCL does not spread the buffer over
-its channels: channel c takes bytes [c, c + 1) x heads x chunk, so 128 KiB
-keeps one channel busy and the other fifteen idle, and every size from
-128 KiB to 2 MiB leaves the busiest channel the same 128 KiB (the NVLS
-all-reduce kernel, src/collectives/device/all_reduce.h in v2.18.5-1): the
-time stays flat over that range, as the Azure run shows (42-45 us). The
+Below one round (2 MiB on 8 GPUs) NCCL 2.18 does not spread the buffer
+over its channels: channel c takes bytes [c, c + 1) x heads x chunk, so
+128 KiB keeps one channel busy and the other fifteen idle, and every size
+from 128 KiB to 2 MiB leaves the busiest channel the same 128 KiB (the
+NVLS all-reduce kernel, src/collectives/device/all_reduce.h in
+v2.18.5-1): the time stays flat over that range, as the Azure run, on
+NCCL 2.18.5, shows (42-45 us). (NCCL 2.19 and later divide a buffer among
+the channels before the kernel runs, by rules not modelled here; NCCL's
+own choice at these sizes is a ring with LL, not NVLS, so only a forced
+NVLS all-reduce meets this.) The
 busiest channel's bytes then set the time, at its 1/16 of the bandwidth,
 and a chunk costs `NVLS_ONE_CHANNEL_S` with one channel working, rising
 linearly to `NVLS_CHUNK_S` with all of them (a stated assumption: the
