@@ -57,11 +57,19 @@ def _collective(*fields):
     return Measurement("collective", *fields)
 
 
-def _azure_nvls(size: str, nbytes: int, figure: float, role="validate", note=""):
-    """One more size of Azure's NVLS all-reduce sweep on 8 H100s (busbw)."""
-    return _collective(f"all-reduce {size}, 8 GPUs, NVLS", "as the 8 GiB NVLS row",
-                       AZURE_H100, figure, "GB/s busbw", role,
-                       lambda: busbw("DGX H100", "all_reduce", nbytes, 8, "nvls"), note)
+# Azure's nccl-tests sweeps of an all-reduce on one VM of 8 GPUs: the row's
+# label, configuration, source, cluster preset and forced algorithm
+AZURE_SWEEPS = {"H100": ("8 GPUs, NVLS", "as the 8 GiB NVLS row", AZURE_H100, "DGX H100",
+                         "nvls"),
+                "A100": ("8 A100", "as the 8 GiB A100 row", AZURE_A100, "DGX A100", None)}
+
+
+def _azure(gpu: str, size: str, nbytes: int, figure: float, role="validate", note=""):
+    """One more size of Azure's all-reduce sweep on 8 `gpu`s (busbw)."""
+    label, config, source, preset, algorithm = AZURE_SWEEPS[gpu]
+    return _collective(f"all-reduce {size}, {label}", config, source, figure,
+                       "GB/s busbw", role,
+                       lambda: busbw(preset, "all_reduce", nbytes, 8, algorithm), note)
 
 
 def _kernel(*fields):
@@ -110,20 +118,20 @@ MEASUREMENTS = [
         "all-reduce 512 MiB, 16 GPUs in 2 nodes", "2 nodes x 8 H20 (NVLink 4), 8x NDR "
         "400 Gb/s per node, NCCL 2.21.5, NCCL's choice", NCCL_1244, 3219.0, "us",
         "calibrate", lambda: micros("DGX H100", "all_reduce", 512 * MIB, 16)),
-    _azure_nvls("64 MiB", 64 * MIB, 361.78, "calibrate"),
-    _azure_nvls("1 GiB", GIB, 466.35),
-    _azure_nvls("256 MiB", 256 * MIB, 423.38),
-    _azure_nvls("16 MiB", 16 * MIB, 234.45),
-    _azure_nvls("4 MiB", 4 * MIB, 128.73),
-    _azure_nvls("1 MiB", MIB, 43.70),
-    _azure_nvls("512 KiB", 512 * 1024, 21.35),
-    _azure_nvls("128 KiB", 128 * 1024, 5.40, "calibrate"),
-    _azure_nvls(
-        "64 KiB", 64 * 1024, 2.72, note="the one channel that works holds half of its "
-        "128 KiB round here, and the simulator charges half of the round's bytes; the "
-        "run took the whole round's 42 us, as at 128 KiB, while 32 KiB and less took "
-        "25.6 to 33.5 us: a step between 32 and 64 KiB that neither NCCL's model nor "
-        "the simulator has"),
+    _azure("H100", "64 MiB", 64 * MIB, 361.78, "calibrate"),
+    _azure("H100", "1 GiB", GIB, 466.35),
+    _azure("H100", "256 MiB", 256 * MIB, 423.38),
+    _azure("H100", "16 MiB", 16 * MIB, 234.45),
+    _azure("H100", "4 MiB", 4 * MIB, 128.73),
+    _azure("H100", "1 MiB", MIB, 43.70),
+    _azure("H100", "512 KiB", 512 * 1024, 21.35),
+    _azure("H100", "128 KiB", 128 * 1024, 5.40, "calibrate"),
+    _azure(
+        "H100", "64 KiB", 64 * 1024, 2.72, note="the one channel that works holds half "
+        "of its 128 KiB round here, and the simulator charges half of the round's bytes; "
+        "the run took the whole round's 42 us, as at 128 KiB, while 32 KiB and less took "
+        "25.6 to 33.5 us: a step between 32 and 64 KiB that neither NCCL's model nor the "
+        "simulator has"),
     _collective(
         "all-reduce 1 KiB, 8 GPUs, NVLS", "as the 8 GiB NVLS row; busbw 0.07 GB/s "
         "printed with 2 decimals: 24-27 us", AZURE_H100, 1024 * 1.75 / 0.07e9 * 1e6, "us",
@@ -154,17 +162,14 @@ MEASUREMENTS = [
         "whose 15 us the simulator charges. The run took three times that, in a "
         "virtual machine on AMD EPYC hosts; a bare-metal figure would be the fair "
         "check"),
-    _collective(
-        "all-reduce 256 MiB, 8 A100", "as the 8 GiB A100 row", AZURE_A100, 213.87,
-        "GB/s busbw", "validate", lambda: busbw("DGX A100", "all_reduce", 256 * MIB, 8)),
-    _collective(
-        "all-reduce 16 MiB, 8 A100", "as the 8 GiB A100 row", AZURE_A100, 109.22,
-        "GB/s busbw", "validate", lambda: busbw("DGX A100", "all_reduce", 16 * MIB, 8),
-        "from 4 to 128 MiB this run took 1.3 to 1.5 times the simulated time, which "
-        "is NCCL's own model of its ring (LL128 here); from 256 MiB up the two agree "
-        "within 8%, and below 256 KiB the run sits on the 45 us floor of the 1 KiB row. "
-        "No bare-metal 8x A100 sweep was found to tell this machine from the model, so "
-        "medium-sized ring all-reduces are the least checked part of the simulator"),
+    _azure("A100", "256 MiB", 256 * MIB, 213.87),
+    _azure(
+        "A100", "16 MiB", 16 * MIB, 109.22, note="from 4 to 128 MiB this run took 1.3 to "
+        "1.5 times the simulated time, which is NCCL's own model of its ring (LL128 "
+        "here); from 256 MiB up the two agree within 8%, and below 256 KiB the run sits "
+        "on the 45 us floor of the 1 KiB row. No bare-metal 8x A100 sweep was found to "
+        "tell this machine from the model, so medium-sized ring all-reduces are the "
+        "least checked part of the simulator"),
     _collective(
         "all-reduce 4 GiB, 32 GPUs in 4 nodes (RoCE)", "4 nodes x 8 H100, 8x 400 Gb "
         "RoCE per node, NCCL 2.19.3, 4-8 GB messages: about 320 GB/s",
