@@ -43,18 +43,17 @@ Below one round (2 MiB on 8 GPUs) NCCL 2.18 does not spread the buffer
 over its channels: channel c takes bytes [c, c + 1) x heads x chunk, so
 128 KiB keeps one channel busy and the other fifteen idle, and every size
 from 128 KiB to 2 MiB leaves the busiest channel the same 128 KiB (the
-NVLS all-reduce kernel, src/collectives/device/all_reduce.h in
-v2.18.5-1): the time stays flat over that range, as the Azure run, on
-NCCL 2.18.5, shows (42-45 us). (NCCL 2.19 and later divide a buffer among
-the channels before the kernel runs, by rules not modelled here; NCCL's
-own choice at these sizes is a ring with LL, not NVLS, so only a forced
-NVLS all-reduce meets this.) The
-busiest channel's bytes then set the time, at its 1/16 of the bandwidth,
-and a chunk costs `NVLS_ONE_CHANNEL_S` with one channel working, rising
-linearly to `NVLS_CHUNK_S` with all of them (a stated assumption: the
-channels share the switch). `NVLS_ONE_CHANNEL_S` is solved from the Azure
-run's 128 KiB row, where exactly one channel works; none of the others saw
-either constant.
+NVLS all-reduce kernel, src/collectives/device/all_reduce.h in v2.18.5-1):
+the time stays flat over that range, as the Azure run, on NCCL 2.18.5,
+shows (42-45 us). (NCCL 2.19 and later divide a buffer among the channels
+before the kernel runs, by rules not modelled here; NCCL's own choice at
+these sizes is a ring with LL, not NVLS, so only a forced NVLS all-reduce
+meets this.) The busiest channel's bytes then set the time, at its 1/16 of
+the bandwidth, and a chunk costs `NVLS_ONE_CHANNEL_S` with one channel
+working, rising linearly to `NVLS_CHUNK_S` with all of them (a stated
+assumption: the channels share the switch). `NVLS_ONE_CHANNEL_S` is solved
+from the Azure run's 128 KiB row, where exactly one channel works; none of
+the others saw either constant.
 
 Point-to-point (send / recv) has no tuning model in NCCL: we charge it as
 one step of a Simple ring over the link between the two ranks (NVLink or
@@ -69,8 +68,8 @@ from ddp_teach.sim.cluster import NVLINK
 ACHIEVED = {"in node": 0.991, "nvls": 0.974, "across nodes": 0.907,
             "nvls tree": 0.549}
 NVLS_CHANNELS = 16        # NCCL_NVLS_NCHANNELS' default (src/transport/nvls.cc)
-NVLS_CHUNK_S = 5.4e-6     # the fixed cost of one chunk (see the module's doc)
-NVLS_ONE_CHANNEL_S = 1.8e-6  # ... when one channel alone works (the same)
+NVLS_CHUNK_S = 5.4e-6        # a chunk's fixed cost, all channels working (module doc)
+NVLS_ONE_CHANNEL_S = 1.8e-6  # the same, one channel alone working
 
 
 def kind_of(plan, nodes: int) -> str:
