@@ -24,6 +24,11 @@ load. `predict` gives the textbook cases from the same numbers, and
 `one_rank` runs one rank of thousands in this process, on the meta device.
 `SimulatedGPUs` gives ONE process several simulated devices, for
 DataParallel (`ddp_teach.dp`), whose threads share Python's GIL.
+
+How far to trust it: `published` sets the simulator beside published
+measurements of real GPUs (each row a `measurement.Measurement`, held to
+`measurement.LOW`-`HIGH`), with the kernel benchmarks' figures from
+`benchmark_figures`.
 """
 from ddp_teach.sim import benchmark_figures, measurement, nccl, predict, published
 from ddp_teach.sim.cluster import CLUSTERS, Cluster, cluster
