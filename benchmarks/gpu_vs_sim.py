@@ -76,6 +76,9 @@ def phase_row(phase: str) -> str:
 
 
 BUSY_ROW = "the capstone's GPU busy time per step (profiled: its kernels' union)"
+# a host-bound step's time over the ATen operations its host issued: what the
+# host spends per operation in a real training step, beside the simulator's charge
+HOST_STEP_ROW = "the capstone's step time per ATen operation it issues (host-bound)"
 # measured only, with their units: what the profile counts per step
 PROFILE_COUNTS = {"kernels": ("kernels the capstone's step runs on the GPU", "per step"),
                   "aten_ops": ("ATen operations its host issues (outermost ones)",
@@ -112,6 +115,14 @@ def dtype_for(device: str) -> str:
     return "bfloat16" if "bfloat16" in DEVICES[device].flops else "float16"
 
 
+def host_step_row(measured_rows: dict) -> dict:
+    """{HOST_STEP_ROW: microseconds} from the measured step (ms) and the ATen
+    operations its profile counted, or {} without both."""
+    ops = measured_rows.get(PROFILE_COUNTS["aten_ops"][0])
+    step_ms = measured_rows.get(CAPSTONE_ROW)
+    return {HOST_STEP_ROW: step_ms * 1e3 / ops} if ops and step_ms else {}
+
+
 # ---- what the simulator predicts ----------------------------------------------
 
 def ddp_row(batch: int, gpus: int) -> str:
@@ -140,6 +151,7 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     step = simulated_capstone(simulation)
     rows[CAPSTONE_ROW] = (step.summary()[0]["span_s"] * 1e3, "ms")
     rows[BUSY_ROW] = (step.summary()[0]["compute_s"] * 1e3, "ms")
+    rows[HOST_STEP_ROW] = (d.achieved.host_s_per_op * 1e6, "us")
     for phase, seconds in simulated_phases(step).items():
         rows[phase_row(phase)] = (seconds * 1e3, "ms")
     for width, heads in WIDER:
@@ -200,6 +212,7 @@ def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
         rows[BUSY_ROW] = counts["gpu_busy_s"] * 1e3
         rows.update({PROFILE_COUNTS[key][0]: counts[key] for key in PROFILE_COUNTS})
     attempt("capstone profile through dt.run", profiled)
+    rows.update(host_step_row(rows))
     for width, heads in WIDER:
         attempt(f"capstone step at width {width}", lambda w=width, h=heads: rows.__setitem__(
             wider_row(w), dt.run(capstone_step, 1, args=("cuda", 20, 5),

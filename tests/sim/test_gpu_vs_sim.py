@@ -107,6 +107,12 @@ def test_the_capstone_profile_counts_what_the_host_issues_and_the_report_shows_i
     simulated = bench.simulated("H100 SXM", "DGX H100", 1, 256)
     assert 0 < simulated[bench.BUSY_ROW][0] < simulated[bench.CAPSTONE_ROW][0]
     measured = {bench.PROFILE_COUNTS[key][0]: counts[key] for key in ("kernels", "aten_ops")}
+    # with the step's time, the host's time per operation, beside the simulator's charge
+    assert bench.host_step_row(measured) == {}
+    step = {**measured, bench.CAPSTONE_ROW: 4.24}
+    assert bench.host_step_row(step)[bench.HOST_STEP_ROW] == \
+        pytest.approx(4240 / counts["aten_ops"])
+    assert simulated[bench.HOST_STEP_ROW][0] == pytest.approx(7.0)
     text = bench.report("NVIDIA H100 80GB HBM3", 1, ("H100 SXM", "DGX H100", ""),
                         simulated, measured, [], 1.0, dry=True)
     assert f"| {bench.PROFILE_COUNTS['aten_ops'][0]} | {counts['aten_ops']:,.3g} | - |" in text
