@@ -40,8 +40,9 @@ A causal mask halves the work (the FLOPs counted are halved too), but the
 kernel does that half at `causal` of its full-mask rate: the tiles on the
 diagonal are computed whole and then masked, and the query blocks near
 the start of the sequence (block i sees i + 1 key blocks) have little
-work to spread their fixed costs over. One fraction for every GPU and kernel (a stated simplification:
-cuDNN keeps 85-94% from 4k to 64k tokens, FlashAttention-2 87-100%).
+work to spread their fixed costs over. One fraction for every GPU and
+kernel (a stated simplification: cuDNN keeps 85-94% from 4k to 64k
+tokens, FlashAttention-2 87-100%).
 
 The host side: an eager PyTorch program issues one kernel per operation
 from Python, and each costs `host_s_per_op` of CPU time whatever its size
