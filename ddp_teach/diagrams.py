@@ -14,10 +14,16 @@ use rank 0 as src or dst, and send_recv sends from rank 0 to rank 1.
 `layout(op, world_size)` is the rule as data (the labels each rank holds), so
 that it can be checked against the real collectives; `draw(op)` draws it.
 `barrier` has no picture: it moves no data, it only makes ranks wait.
+
+`parameter_server_traffic(n)` draws who talks to whom in one step of
+training before all-reduce (notebook 08, `ddp_teach.paramserver`): every
+worker to and from one server, beside a ring all-reduce's neighbours.
 """
+import math
+
 from matplotlib import colormaps
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Circle, Rectangle
 
 RULES = {
     "broadcast": "rank 0 (src) sends its tensor; every rank ends with a copy",
@@ -42,6 +48,9 @@ LETTERS = "abcdefgh"
 # white text): one colour per origin rank.
 COLOURS = [colormaps["tab10"].colors[i] for i in (0, 1, 2, 3, 4, 5, 6, 9)]
 REDUCED, EMPTY, UNSPECIFIED = "0.4", "", "?"
+# parameter_server_traffic's colours (gradients, parameters) and node size
+GRAD_COLOUR, PARAM_COLOUR = "#e07b24", "#3b6fb6"
+NODE_RADIUS = 0.28
 
 
 def _check(op: str, world_size: int) -> None:
@@ -176,3 +185,56 @@ def draw_all(world_size: int = 4) -> Figure:
     for ax in axes:  # the cells left over
         ax.axis("off")
     return fig
+
+
+def parameter_server_traffic(num_workers: int = 4) -> Figure:
+    """Who talks to whom in one step: a parameter server (every worker to
+    and from one process) beside a ring all-reduce (each rank to the next)."""
+    figure = Figure(figsize=(9, 3.4), layout="constrained")
+    star, ring = figure.subplots(1, 2)
+    server = (0.0, 1.3)
+    _circle_node(star, server, "server")
+    for i in range(num_workers):
+        worker = (i - (num_workers - 1) / 2, 0.0)
+        _circle_node(star, worker, f"worker{i + 1}")
+        _traffic_arrow(star, worker, server, GRAD_COLOUR, offset=0.1)
+        _traffic_arrow(star, server, worker, PARAM_COLOUR, offset=0.1)
+    star.text(0, -0.45, "orange: gradients   blue: parameters", ha="center",
+              fontsize=8, color="0.3")
+    star.set_title(f"parameter server: its link carries 2 x {num_workers} "
+                   "models\nper step (gradients in, parameters out)",
+                   fontsize=10)
+    points = [(math.cos(math.pi / 2 - 2 * math.pi * i / num_workers),
+               math.sin(math.pi / 2 - 2 * math.pi * i / num_workers))
+              for i in range(num_workers)]
+    for i, point in enumerate(points):
+        _circle_node(ring, point, f"rank {i}")
+        _traffic_arrow(ring, point, points[(i + 1) % num_workers], GRAD_COLOUR)
+    ring.set_title(f"ring all-reduce: each rank sends 2 x {num_workers - 1}"
+                   f"/{num_workers}\nof a model per step, to its neighbour",
+                   fontsize=10)
+    half = num_workers / 2 + 0.3
+    star.set(xlim=(-half, half), ylim=(-0.6, 1.8))
+    ring.set(xlim=(-1.6, 1.6), ylim=(-1.4, 1.4))
+    for ax in (star, ring):
+        ax.set_aspect("equal")
+        ax.axis("off")
+    return figure
+
+
+def _circle_node(ax, centre, label):
+    ax.add_patch(Circle(centre, NODE_RADIUS, color="0.9", ec="0.5"))
+    ax.text(*centre, label, ha="center", va="center", fontsize=8)
+
+
+def _traffic_arrow(ax, start, end, colour, offset=0.0):
+    """An arrow from node to node, stopping at their rims, shifted sideways
+    by `offset` (so that two arrows between the same nodes do not overlap)."""
+    dx, dy = end[0] - start[0], end[1] - start[1]
+    length = (dx * dx + dy * dy) ** 0.5
+    ux, uy = dx / length, dy / length
+    shift = (-uy * offset, ux * offset)
+    tail = (start[0] + ux * NODE_RADIUS + shift[0], start[1] + uy * NODE_RADIUS + shift[1])
+    head = (end[0] - ux * NODE_RADIUS + shift[0], end[1] - uy * NODE_RADIUS + shift[1])
+    ax.annotate("", xy=head, xytext=tail,
+                arrowprops=dict(arrowstyle="-|>", color=colour, lw=1.2))

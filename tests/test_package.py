@@ -69,7 +69,7 @@ PUBLIC_NAMES = [
     ("paramserver.start_rpc", "function"), ("paramserver.train", "function"),
     ("paramserver.ddp_train", "function"), ("paramserver.sync_update", "function"),
     ("paramserver.async_update", "function"),
-    ("paramserver.draw_traffic", "function"), ("paramserver.tensor_bytes", "function"),
+    ("diagrams.parameter_server_traffic", "function"), ("paramserver.tensor_bytes", "function"),
     ("pipeline.gpipe_step", "function"), ("pipeline.bubble_fraction", "function"),
     ("pipeline.split_layers", "function"), ("pipeline.measured_bubble", "function"),
     ("pipeline.pipeline_bytes", "function"),
