@@ -61,6 +61,12 @@ TILES = ((256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64),
 
 
 ATTENTION_KERNELS = ("flash", "cudnn")
+# a 16-bit product on a GPU with no units for its dtype (bf16 before Ampere:
+# V100, T4) is converted and multiplied on the CUDA cores, at this share of
+# the fp32 product's rate (the survey named below: T4 2.46 against 4.17
+# TFLOP/s; its other GPUs without bf16 units, from P100 to RTX 2080 and the
+# T4 on Kaggle, 0.51 to 0.63; V100S 0.73)
+EMULATED = 0.59
 # causal: cuDNN 9.1's fused attention forward and backward, batch 2, 16 heads
 # of 128, 8192 tokens, bf16, on an H200 (H100's chip) with clocks locked:
 # 490.3 TFLOP/s causal (FLOPs halved) against 563.7 without a mask
@@ -74,7 +80,9 @@ class Achieved:
     doc), GPU-side seconds per kernel, and host-side seconds per operation.
     attention: FlashAttention-2's fraction; attention_cudnn: cuDNN's fused
     attention, on GPUs where torch prefers it (None elsewhere); causal: the
-    share of its full-mask rate a kernel keeps with a causal mask."""
+    share of its full-mask rate a kernel keeps with a causal mask;
+    matmul_fp32: the fraction fp32 products reach on the CUDA cores, which
+    differs from the tensor cores' `matmul` (None: the same)."""
     sms: int
     matmul: float
     memory: float
@@ -86,6 +94,7 @@ class Achieved:
     sustained: float = 1.0
     attention_cudnn: float | None = None
     causal: float = CAUSAL
+    matmul_fp32: float | None = None
 
     def __post_init__(self):
         if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1:
@@ -95,9 +104,11 @@ class Achieved:
             if not (0 < value <= 1):
                 raise ValueError(f"Achieved.{name} is a fraction of the peak, "
                                  f"in (0, 1]; got {value!r}")
-        if self.attention_cudnn is not None and not (0 < self.attention_cudnn <= 1):
-            raise ValueError("Achieved.attention_cudnn is a fraction of the peak, in "
-                             f"(0, 1], or None; got {self.attention_cudnn!r}")
+        for name in ("attention_cudnn", "matmul_fp32"):
+            value = getattr(self, name)
+            if value is not None and not (0 < value <= 1):
+                raise ValueError(f"Achieved.{name} is a fraction of the peak, in "
+                                 f"(0, 1], or None; got {value!r}")
         for name in ("kernel_s", "host_s_per_op"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
@@ -137,11 +148,18 @@ def matmul_seconds(device, achieved: Achieved, m: int, n: int, k: int,
                    batch: int = 1, dtype: str = "float32", nbytes: float = 0,
                    burst: bool = False) -> float:
     """A (batch of) m x k by k x n product: the fewest waves of tiles, each
-    SM at its share of `matmul` x peak; or its bytes, if they take longer.
+    SM at its share of the peak times `matmul` (tensor cores) or
+    `matmul_fp32` (CUDA cores: fp32, and 16-bit types the GPU has no units
+    for, at EMULATED of that); or its bytes, if they take longer.
     burst: as a kernel benchmark runs it, else as a training run does."""
     if min(m, n, k, batch) <= 0:
         return achieved.kernel_s
-    per_sm = _peak(device, dtype) * achieved.matmul / achieved.sms
+    fraction = achieved.matmul
+    if dtype == "float32" or dtype not in device.flops:  # on the CUDA cores
+        fraction = achieved.matmul_fp32 or fraction
+    if dtype != "float32" and dtype not in device.flops:
+        fraction *= EMULATED
+    per_sm = _peak(device, dtype) * fraction / achieved.sms
     tile_flops = min(math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn)
                                / achieved.sms) * 2 * tm * tn * k for tm, tn in TILES)
     busy = max(tile_flops / per_sm, _streaming(device, achieved, nbytes))
@@ -233,18 +251,33 @@ def _streaming(device, achieved: Achieved, nbytes: float) -> float:
 #   slower on average on A100 and H100 (Lee et al., "Characterizing
 #   Compute-Communication Overlap in GPU-Accelerated Distributed Deep
 #   Learning", arXiv 2507.03114, 2025).
+# - matmul_fp32, and T4's and RTX 4090's matmul: the best TFLOP/s of
+#   torch.mm on square matrices of 1,024 to 10,240 (`SQUARE_SIZES`), 30 after
+#   6 warm-ups (zzc0721/torch-performance-test-data, database.md, commit
+#   0785868): fp32 52.11 on an H100 80GB HBM3 (bare metal) and 19.18 on an
+#   A100 SXM4 80GB; a T4 on Colab, 41.91 fp16 and 4.17 fp32 (a 70 W card:
+#   its clock falls well below the boost clock its peaks assume); an RTX
+#   4090 on bare metal, 165.08 fp16 and 55.01 fp32 (a GeForce card runs
+#   above its datasheet's boost clock, so its products reach the whole
+#   datasheet peak).
 # H100's conv is A100's (no H100 convolution run was used). V100, T4 and
-# RTX 4090: no measurement of their own was used; they take A100's
-# fractions with their own SM counts (datasheets: 80, 40 and 128 SMs), a
-# stated assumption that the ResNet-50 V100 row checks.
+# RTX 4090 take A100's other fractions with their own SM counts
+# (datasheets: 80, 40 and 128 SMs), a stated assumption that the ResNet-50
+# V100 row checks; V100's fp32 products take A100's tensor-core fraction
+# (the survey's V100S, a PCIe card without a preset here, reaches 0.83 of
+# its fp32 peak).
 KERNEL_S = 3.74e-6
+SQUARE_SIZES = (1024, 2048, 4096, 8192, 10240)
 ACHIEVED = {
     "H100 SXM": Achieved(sms=132, matmul=0.851, memory=2.97e12 / 3.35e12,
                          attention=327.9 / 989.4, conv=0.436, kernel_s=KERNEL_S,
-                         sustained=0.719, attention_cudnn=563.7 / 989.4),
+                         sustained=0.719, attention_cudnn=563.7 / 989.4,
+                         matmul_fp32=0.779),
     "A100 80GB": Achieved(sms=108, matmul=0.815, memory=1.70e12 / 2.039e12,
                           attention=179.5 / 312, conv=0.436, kernel_s=KERNEL_S,
-                          sustained=0.888),
+                          sustained=0.888, matmul_fp32=0.986),
 }
-ACHIEVED.update({name: replace(ACHIEVED["A100 80GB"], sms=sms) for name, sms in
-                 (("V100 SXM2", 80), ("T4", 40), ("RTX 4090", 128))})
+ACHIEVED["V100 SXM2"] = replace(ACHIEVED["A100 80GB"], sms=80, matmul_fp32=None)
+ACHIEVED["T4"] = replace(ACHIEVED["A100 80GB"], sms=40, matmul=0.645, matmul_fp32=0.515)
+ACHIEVED["RTX 4090"] = replace(ACHIEVED["A100 80GB"], sms=128, matmul=1.0,
+                               matmul_fp32=0.666)

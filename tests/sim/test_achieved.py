@@ -29,6 +29,30 @@ def test_large_matmuls_run_at_the_calibrated_fraction_of_peak():
     assert training - a.kernel_s == pytest.approx((seconds - a.kernel_s) / a.sustained)
 
 
+def test_fp32_products_run_on_cuda_cores_and_missing_16_bit_units_are_emulated():
+    from ddp_teach.sim.efficiency import EMULATED
+
+    def busy(device, dtype):
+        a = device.achieved
+        return matmul_seconds(device, a, 8192, 8192, 8192, dtype=dtype,
+                              burst=True) - a.kernel_s
+
+    a = H100.achieved
+    # the same tiles either way: only the fraction of each peak differs
+    assert busy(H100, "float32") / busy(H100, "bfloat16") == pytest.approx(
+        (989.4 * a.matmul) / (66.9 * a.matmul_fp32))
+    assert a.matmul_fp32 < a.matmul < A100.achieved.matmul_fp32
+    t4 = DEVICES["T4"]
+    assert "bfloat16" not in t4.flops  # Turing has fp16 tensor cores, no bf16
+    assert busy(t4, "bfloat16") == pytest.approx(busy(t4, "float32") / EMULATED)
+    assert busy(t4, "float16") < busy(t4, "float32") / 8
+    # a GPU without figures of its own for fp32 products uses its tensor cores' one
+    v100 = DEVICES["V100 SXM2"]
+    assert v100.achieved.matmul_fp32 is None
+    assert busy(v100, "float32") == pytest.approx(
+        busy(v100, "float16") * 125 / 15.7)
+
+
 def test_a_matmul_just_past_a_wave_pays_for_part_of_an_empty_wave():
     a = H100.achieved
     # 132 SMs: 132 tiles of 128 x 128 fill one wave. One more row of tiles
@@ -119,6 +143,9 @@ def test_cluster_runs_are_deterministic_and_charge_the_network_across_nodes():
 def test_bad_achieved_figures_are_refused():
     with pytest.raises(ValueError, match="fraction of the peak"):
         Achieved(sms=10, matmul=1.5, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6)
+    with pytest.raises(ValueError, match="matmul_fp32 is a fraction"):
+        Achieved(sms=10, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6,
+                 matmul_fp32=1.2)
     with pytest.raises(ValueError, match="causal is a fraction"):
         Achieved(sms=10, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6,
                  causal=0)
