@@ -49,6 +49,9 @@ FACTS = {
     "08_beyond_data_parallel": {
         "1.5": "ZeRO-3 moves 1.5 times DDP's communication volume (ZeRO, section 7.2)",
     },
+    "10_capstone": {
+        "70": "the T4's maximum power, 70 W (NVIDIA T4 Tensor Core GPU datasheet)",
+    },
 }
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
