@@ -36,15 +36,16 @@ def has_emulation(events) -> bool:
     return any(e.emulated_s > 0 for e in events)
 
 
-def legend(ax, emulated: bool, phases=()) -> None:
-    """Colour key to the right of `ax`: one entry per compute phase drawn (or
-    "compute"), communication, and emulation only when there is some."""
-    handles = [Patch(color=PHASE_COLORS[p], label=p) for p in PHASE_COLORS
-               if p in phases]
-    if not handles or set(phases) - set(PHASE_COLORS):  # other names: "compute"
+def legend(ax, events) -> None:
+    """Colour key to the right of `ax` for the `events` drawn there: one entry
+    per compute phase (or "compute"), communication, and emulation only when
+    there is some."""
+    drawn = phases(events)
+    handles = [Patch(color=PHASE_COLORS[p], label=p) for p in PHASE_COLORS if p in drawn]
+    if not handles or drawn - set(PHASE_COLORS):  # other names: "compute"
         handles.append(Patch(color=COLORS[COMPUTE], label="compute"))
     handles.append(Patch(color=COLORS[COMM], label="communication"))
-    if emulated:
+    if has_emulation(events):
         handles.append(Patch(facecolor=EMULATED_COLOR, hatch="////", linewidth=0,
                              hatchcolor=COLORS[COMM], label="emulated (slow link)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1),

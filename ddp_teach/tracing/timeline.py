@@ -182,15 +182,14 @@ class Timeline:
                             layout="constrained")
             ax = figure.add_subplot()
         drawing.draw_lanes(ax, self.events, self.ranks, self.lane)
-        drawing.legend(ax, emulated=drawing.has_emulation(self.events),
-                       phases=drawing.phases(self.events))
+        drawing.legend(ax, self.events)
         ax.set_xlabel(self._time_label("time (ms)"))
+        lanes = f"{len(self.ranks)} {self.lane}" + ("" if len(self.ranks) == 1 else "s")
         if title is None and self._unmarked():
-            title = f"{len(self.ranks)} {self.lane}s · {NO_COMPUTE}"
+            title = f"{lanes} · {NO_COMPUTE}"
         ax.set_title(title if title is not None else
-                     f"{len(self.ranks)} {self.lane}s · communication hidden behind "
-                     f"compute: {self.mean_overlap():.0%} (mean overlap)",
-                     wrap=True)
+                     f"{lanes} · communication hidden behind compute: "
+                     f"{self.mean_overlap():.0%} (mean overlap)", wrap=True)
         return ax.figure
 
     def _unmarked(self) -> bool:
@@ -214,8 +213,7 @@ class Timeline:
                                               timeline.lane))
             ax.set_title(f"{label} · mean overlap {timeline.mean_overlap():.0%}", loc="left")
         axes[0].set_xlim(0, max(ends_ms) * 1.01 or 1)
-        drawing.legend(axes[0], emulated=drawing.has_emulation(a.events + b.events),
-                       phases=drawing.phases(a.events + b.events))
+        drawing.legend(axes[0], a.events + b.events)
         clocks = " / ".join(dict.fromkeys(t.clock or "real time" for t in (a, b)))
         axes[1].set_xlabel(f"time (ms from each run's first event), {clocks}")
         return figure

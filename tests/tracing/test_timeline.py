@@ -213,6 +213,9 @@ def test_plot_draws_into_a_given_axes():
     ax = figure.add_subplot()
     assert Timeline(ddp_step(0)).plot(ax=ax) is figure
     assert lane_labels(ax) == ["rank 0 compute", "rank 0 comm"]
+    assert ax.get_title().startswith("1 rank · ")  # one rank: no plural
+    two = Timeline(ddp_step(0) + ddp_step(1)).plot().axes[0]
+    assert two.get_title().startswith("2 ranks · ")
 
 
 def test_plot_stacks_concurrent_events_of_a_lane_in_rows():
