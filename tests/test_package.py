@@ -98,8 +98,8 @@ PUBLIC_NAMES = [
     ("sim.one_rank", "function"), ("sim.predict.zero3", "function"),
     ("sim.predict.zero3_profile", "function"), ("sim.SimulatedGPUs", "class"),
     ("sim.published.table", "function"), ("sim.published.MEASUREMENTS", "value"),
-    ("sim.matmul_survey.best_square_tflops", "function"),
-    ("sim.matmul_survey.MEASUREMENTS", "value"),
+    ("sim.gpu_surveys.best_square_tflops", "function"),
+    ("sim.gpu_surveys.MEASUREMENTS", "value"),
     ("sim.measurement.LOW", "value"), ("sim.measurement.HIGH", "value"),
     ("tracing.now", "function"),
 ]

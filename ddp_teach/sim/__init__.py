@@ -28,10 +28,10 @@ DataParallel (`ddp_teach.dp`), whose threads share Python's GIL.
 How far to trust it: `published` sets the simulator beside published
 measurements of real GPUs (each row a `measurement.Measurement`, held to
 `measurement.LOW`-`HIGH`), with the kernel benchmarks' figures from
-`benchmark_figures`; `matmul_survey` holds its rows for the GPUs learners
+`benchmark_figures`; `gpu_surveys` holds its rows for the GPUs learners
 have (T4, RTX 4090) and for fp32 products.
 """
-from ddp_teach.sim import (benchmark_figures, matmul_survey, measurement, nccl, predict,
+from ddp_teach.sim import (benchmark_figures, gpu_surveys, measurement, nccl, predict,
                            published)
 from ddp_teach.sim.cluster import CLUSTERS, Cluster, cluster
 from ddp_teach.sim.efficiency import Achieved
@@ -42,4 +42,4 @@ from ddp_teach.sim.simulation import Simulation
 
 __all__ = ["Simulation", "Device", "DEVICES", "LINKS", "device", "link", "predict",
            "one_rank", "SimulatedGPUs", "Cluster", "CLUSTERS", "cluster", "Achieved",
-           "nccl", "published", "measurement", "benchmark_figures", "matmul_survey"]
+           "nccl", "published", "measurement", "benchmark_figures", "gpu_surveys"]

@@ -3,8 +3,8 @@
 What a row of the validation table is (`Measurement`), the tolerance every
 row is held to (`LOW`, `HIGH`), and how a table of rows is simulated
 (`table`). The rows themselves live where their sources are named:
-collectives and kernels in `ddp_teach.sim.published` (square matrix
-products on many GPUs in `ddp_teach.sim.matmul_survey`), whole training
+collectives and kernels in `ddp_teach.sim.published` (products and
+copies on many GPUs in `ddp_teach.sim.gpu_surveys`), whole training
 runs in the repository's `benchmarks/published_rows.py`.
 
 role "calibrate": a constant of the simulator was solved from this row, so

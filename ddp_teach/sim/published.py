@@ -11,9 +11,9 @@ rates (`ddp_teach.sim.efficiency`). `table()` sets the two side by side.
 Each row is "calibrate" (a constant of the simulator was solved from it;
 the constant's comment names it) or "validate" (no constant saw it), as
 `ddp_teach.sim.measurement` explains, which also holds the tolerance
-every row is held to. A survey of square products on the GPUs learners
-have (T4, RTX 4090) and in fp32 is `ddp_teach.sim.matmul_survey`, whose
-rows are added here. Training runs (ResNet-50, BERT, MPT, Llama) are in
+every row is held to. Surveys GPU owners ran on the GPUs learners have
+(T4, RTX 4090), and of fp32 products, are `ddp_teach.sim.gpu_surveys`,
+whose rows are added here. Training runs (ResNet-50, BERT, MPT, Llama) are in
 `benchmarks/sim_vs_published.py`, which adds them to these rows.
 
 Collectives are in nccl-tests' terms (NVIDIA/nccl-tests, doc/PERFORMANCE.md):
@@ -21,7 +21,7 @@ sizes are whole buffers in bytes ("1G" = 2^30), algbw = bytes / time, busbw
 = algbw x 2(n-1)/n for all-reduce and x (n-1)/n for all-gather and
 reduce-scatter.
 """
-from ddp_teach.sim import matmul_survey, measurement
+from ddp_teach.sim import gpu_surveys, measurement
 from ddp_teach.sim.benchmark_figures import (attention_tflops, busbw, matmul_tflops,
                                              micros, stream_tbps)
 from ddp_teach.sim.hardware import DEVICES
@@ -306,4 +306,4 @@ MEASUREMENTS = [
         "tensor, 2,000 times from Python, wall clock until issued", COURSE_H100,
         7.56, "us", "validate",
         lambda: DEVICES["H100 SXM"].achieved.host_s_per_op * 1e6),
-] + matmul_survey.MEASUREMENTS
+] + gpu_surveys.MEASUREMENTS

@@ -1,29 +1,40 @@
-"""Square matrix products timed by GPU owners: the GPUs learners have.
+"""Benchmarks GPU owners ran on many GPUs: the GPUs learners have.
 
 The cards a learner meets first are a T4 (Colab, Kaggle) or a gaming card
 like the RTX 4090, not an H100, and fp32 products run on a GPU's CUDA cores,
-not its tensor cores, at a fraction of their own. A public survey times the
-same program on each: torch.mm of two random n x n matrices for n from
-1,024 to 10,240 (`efficiency.SQUARE_SIZES`), 30 products after 6 warm-ups
-between two synchronizations, 2 n^3 FLOPs each, and lists each GPU's best
-size in TFLOP/s (zzc0721/torch-performance-test-data: test.py, database.md
-at commit 0785868, and its issue 79 for one H100's figures size by size).
-`best_square_tflops` runs that sweep on a simulated GPU.
+not its tensor cores, at a fraction of their own. Two public surveys time
+the same small programs on each GPU their owners have:
+
+- square products (zzc0721/torch-performance-test-data: test.py, and
+  database.md at commit 0785868; its issue 79 for one H100's figures size
+  by size): torch.mm of two random n x n matrices for n from 1,024 to
+  10,240 (`efficiency.SQUARE_SIZES`), 30 products after 6 warm-ups between
+  two synchronizations, 2 n^3 FLOPs each, each GPU's best size in TFLOP/s.
+  `best_square_tflops` runs that sweep on a simulated GPU. Issue 79's bf16
+  and fp16 products at 1,024 are not kept: 30 products of a few
+  microseconds each are timed by the wall clock, so they measure how fast
+  the host issues them (12 us each on that H100, where a 4096^3 product
+  takes 174 us);
+- memory bandwidth (chsasank/device-benchmarks, benchmark.py and
+  README.md at commit 02b8262): one Tensor.copy_ of 94,906,265 fp32
+  elements (380 MB) between two synchronizations, bytes read and written
+  over the wall clock. `copy_gbps` simulates it; the host's few
+  microseconds around one copy of a millisecond or more are left out.
 
 One machine's row of a GPU calibrates (`efficiency` names it); another
 machine's row of the same GPU validates, so it checks how far one copy's
 figure carries to the next, and the H100's size-by-size rows check the
-tile model's shapes. Issue 79's bf16 and fp16 products at 1,024 are not
-kept: 30 products of a few microseconds each are timed by the wall clock,
-so they measure how fast the host issues them (12 us each on that H100,
-where a 4096^3 product takes 174 us).
+tile model's shapes. The bandwidth rows only validate: the T4 and RTX 4090
+take A100's share of their memory bandwidth, a stated assumption.
 """
-from ddp_teach.sim.benchmark_figures import matmul_tflops
+from ddp_teach.sim.benchmark_figures import matmul_tflops, stream_tbps
 from ddp_teach.sim.efficiency import SQUARE_SIZES
 from ddp_teach.sim.measurement import Measurement
 
 SURVEY = "zzc0721/torch-performance-test-data, database.md (commit 0785868)"
 SURVEY_79 = "zzc0721/torch-performance-test-data, issue 79 (2025-10; torch 2.7.0+cu128)"
+BANDWIDTH = "chsasank/device-benchmarks, README.md (commit 02b8262)"
+COPY_ELEMENTS = 94_906_265  # int(2 ** 26.5): the largest copy of benchmark.py
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -31,6 +42,18 @@ def best_square_tflops(device: str, dtype: str) -> float:
     """The survey's figure for a simulated `device`: the best TFLOP/s of an
     n x n product over its sizes."""
     return max(matmul_tflops(device, n, n, n, dtype) for n in SQUARE_SIZES)
+
+
+def copy_gbps(device: str) -> float:
+    """GB/s of the bandwidth survey's copy on a simulated `device`."""
+    return stream_tbps(device, 2, elements=COPY_ELEMENTS, element_bytes=4) * 1e3
+
+
+def _copy(gpu, figure):
+    return Measurement(
+        "kernel", f"copy 380 MB, {gpu}", "Tensor.copy_ of 94,906,265 fp32 elements, "
+        "bytes read and written", BANDWIDTH, figure, "GB/s", "validate",
+        lambda: copy_gbps(gpu))
 
 
 def _best(gpu, preset, dtype, machine, figure, role="validate", note=""):
@@ -71,6 +94,8 @@ MEASUREMENTS = [
     _best("RTX 4090 (a)", "RTX 4090", "fp32", RTX_A, 55.01, "calibrate"),
     _best("RTX 4090 (b)", "RTX 4090", "bf16", RTX_B, 173.31),
     _best("RTX 4090 (b)", "RTX 4090", "fp32", RTX_B, 54.77),
+    _copy("T4", 240),
+    _copy("RTX 4090", 912),
     _size(1024, "fp32", 37.39, note=(
         "a 1,024 x 1,024 output has too few tiles to fill 132 SMs evenly; the tile "
         "model takes the tiling that fills them best, cuBLAS's fp32 kernels did less well")),
