@@ -5,8 +5,8 @@ others published. This script measures the GPUs of the machine it runs on
 and sets each figure beside what the simulator predicts for the same GPU
 (its preset, picked from the GPU's name):
 
-- a bf16 (fp16 where bf16 is missing) matrix product of three shapes, a
-  1 GiB device-to-device copy, and fused attention forward and backward
+- a bf16 (fp16 where bf16 is missing) matrix product of three shapes, an
+  fp32 one (CUDA cores, not tensor cores), a 1 GiB device-to-device copy, and fused attention forward and backward
   with each kernel the simulator knows for the GPU (FlashAttention-2, and
   cuDNN's where torch prefers it), each timed with CUDA events; the
   simulator's achieved-rate model (`ddp_teach.sim.efficiency`, as
@@ -21,7 +21,9 @@ and sets each figure beside what the simulator predicts for the same GPU
   through `dt.run`, against `dt.sim.one_rank` on the same preset: a step so
   small that the host's time per operation sets it; and its profile (the
   GPU's busy time, and the kernels and operations issued per step), which
-  tells the host's share of the step from the GPU's;
+  tells the host's share of the step from the GPU's; at width 2048, where
+  the GPU sets the pace, its busy time again, against the simulated
+  kernels' (fp32 products at their achieved and sustained rates);
 - with two GPUs or more, an all-reduce sweep (`dt.bandwidth.sweep`, nccl)
   against the cluster preset's NCCL model (`ddp_teach.sim.comm`).
 
@@ -50,6 +52,7 @@ from published_runs import resnet50_images_per_s  # noqa: E402
 import gpu_timing as timing  # noqa: E402
 
 MATMULS = ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 13312))
+FP32_MATMUL = (8192, 8192, 8192)  # on the CUDA cores: `Achieved.matmul_fp32`
 COPY_BYTES = 2 ** 30
 ATTENTION = (2, 16, 8192, 128)  # batch, heads, tokens, head dim (as published rows)
 CAPSTONE_ROW = "capstone DDP step (notebook 10's TinyGPT, fp32, AdamW), 1 GPU"
@@ -60,6 +63,16 @@ WIDER = ((512, 8), (2048, 32))
 
 def wider_row(width: int) -> str:
     return f"the capstone's step at width {width}, 1 GPU"
+
+
+def busy_wide_row() -> str:
+    """The row of the widest step's GPU busy time (profiled there too)."""
+    return f"the capstone's GPU busy time per step at width {WIDER[-1][0]} (profiled)"
+
+
+def fp32_row() -> str:
+    m, n, k = FP32_MATMUL
+    return f"float32 matmul {m} x {n} x {k} (CUDA cores)"
 
 
 def attention_row(dtype: str, kernel: str) -> str:
@@ -136,6 +149,8 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     for m, n, k in MATMULS:
         rows[f"{dtype} matmul {m} x {n} x {k}"] = (
             benchmark_figures.matmul_tflops(device, m, n, k, dtype), "TFLOP/s")
+    rows[fp32_row()] = (benchmark_figures.matmul_tflops(device, *FP32_MATMUL, "float32"),
+                        "TFLOP/s")
     rows["copy 1 GiB, device to device"] = (2 * COPY_BYTES / efficiency.rate_seconds(
         d, d.achieved, "memory", 0, 2 * COPY_BYTES, burst=True) / 1e12, "TB/s")
     for kernel in attention_kernels(device):
@@ -155,8 +170,10 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     for phase, seconds in simulated_phases(step).items():
         rows[phase_row(phase)] = (seconds * 1e3, "ms")
     for width, heads in WIDER:
-        rows[wider_row(width)] = (simulated_capstone(simulation, width, heads).summary()[0][
-            "span_s"] * 1e3, "ms")
+        wide = simulated_capstone(simulation, width, heads).summary()[0]
+        rows[wider_row(width)] = (wide["span_s"] * 1e3, "ms")
+        if (width, heads) == WIDER[-1]:
+            rows[busy_wide_row()] = (wide["compute_s"] * 1e3, "ms")
     if gpus > 1 and cluster is not None:
         sim = Simulation(device, cluster=cluster, compute="peak")
         for nbytes in SWEEP_BYTES:
@@ -170,6 +187,7 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
 def measure_kernels(dtype: str) -> dict:
     rows = {f"{dtype} matmul {m} x {n} x {k}": timing.matmul_tflops(m, n, k, dtype)
             for m, n, k in MATMULS}
+    rows[fp32_row()] = timing.matmul_tflops(*FP32_MATMUL, "float32")
     rows["copy 1 GiB, device to device"] = timing.copy_tbps(COPY_BYTES)
     return rows
 
@@ -212,6 +230,13 @@ def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
         rows[BUSY_ROW] = counts["gpu_busy_s"] * 1e3
         rows.update({PROFILE_COUNTS[key][0]: counts[key] for key in PROFILE_COUNTS})
     attempt("capstone profile through dt.run", profiled)
+
+    def profiled_wide():
+        width, heads = WIDER[-1]
+        (counts,) = dt.run(capstone_profile, 1, args=("cuda",),
+                           kwargs={"width": width, "heads": heads}, timeout=300)
+        rows[busy_wide_row()] = counts["gpu_busy_s"] * 1e3
+    attempt("capstone profile at the widest width", profiled_wide)
     rows.update(host_step_row(rows))
     for width, heads in WIDER:
         attempt(f"capstone step at width {width}", lambda w=width, h=heads: rows.__setitem__(

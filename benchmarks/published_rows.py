@@ -96,7 +96,8 @@ ROWS = MEASUREMENTS + [
        "H100), which was solved from an MPT run of hours; this run lasted a third "
        "of a second, too short for the clock to fall. Without that discount the "
        "simulator is 10% under the measurement, with it 23% over: how much of it a "
-       "short run pays needs a GPU to tell"),
+       "short run pays needs a GPU to tell (make bench-gpu profiles this step's GPU "
+       "time, and an fp32 product, for that)"),
     _t("ResNet-50, 1 V100", "as above, DGX-1 V100 16GB", DLE_RESNET, 1200, "images/s",
        "validate", lambda: runs.resnet50_images_per_s("V100 SXM2", "DGX A100", 1)),
     _t("BERT-large phase 1, 1 A100", "seq 128, fp16, batch 256 per GPU and "

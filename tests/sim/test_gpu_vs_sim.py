@@ -106,6 +106,12 @@ def test_the_capstone_profile_counts_what_the_host_issues_and_the_report_shows_i
     assert counts["aten_ops"] > 100          # forward, backward, DDP and AdamW
     simulated = bench.simulated("H100 SXM", "DGX H100", 1, 256)
     assert 0 < simulated[bench.BUSY_ROW][0] < simulated[bench.CAPSTONE_ROW][0]
+    # the widest step's busy time too (the fixture keeps width 512 alone)
+    width = bench.WIDER[-1][0]
+    assert 0 < simulated[bench.busy_wide_row()][0] <= simulated[bench.wider_row(width)][0]
+    # fp32 products run on the CUDA cores, at their own share of the fp32 peak
+    assert simulated[bench.fp32_row()][0] < 0.1 * simulated[
+        "bfloat16 matmul 8192 x 8192 x 8192"][0]
     measured = {bench.PROFILE_COUNTS[key][0]: counts[key] for key in ("kernels", "aten_ops")}
     # with the step's time, the host's time per operation, beside the simulator's charge
     assert bench.host_step_row(measured) == {}
