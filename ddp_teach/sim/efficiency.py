@@ -15,7 +15,10 @@ measurements they are checked against), and `kernel_seconds` uses them:
   the rest of it (tile and wave quantization, NVIDIA's "Matrix
   Multiplication Background User's Guide"). cuBLAS picks the tile shape;
   we take the one that gives the fewest tile-FLOPs per SM. Each SM runs at
-  `matmul` x its share of the peak;
+  `matmul` x its share of the peak on the tensor cores; fp32 products run
+  on the CUDA cores at `matmul_fp32` of the fp32 peak (nearly all of it on
+  an A100, less on an H100), and a 16-bit type the GPU has no units for
+  (bf16 on a T4 or a V100) at `EMULATED` of that;
 - convolutions (cuDNN) at `conv` x peak, fused attention at the fraction
   of the kernel that runs it (below); everything else streams its bytes at
   `memory` x the memory bandwidth; whichever of arithmetic and bytes is
