@@ -5,6 +5,8 @@ exact configuration, its source, whether a constant of the simulator was
 solved from it ("calibrate") or it only checks them ("validate"), and how to
 simulate it (`published_runs`, on the models of `published_models`).
 """
+import torch
+
 from ddp_teach.sim.measurement import Measurement
 from ddp_teach.sim.published import CAPSTONE_STEP_H100, COURSE_H100, MEASUREMENTS
 from ddp_teach.sim.simulation import Simulation
@@ -64,11 +66,18 @@ ROWS = MEASUREMENTS + [
        "decode and augment every image with DALI on the CPU (dali-cpu, the "
        "README's choice for DGX A100), and the same README's TF32 runs, slower on "
        "the GPU, scale better (7.72x against AMP's 6.72x), as a CPU-bound input "
-       "pipeline would make them. The README's DGX-1 runs (8 V100) show the same: "
+       "pipeline would make them; the simulator comes within the tolerance of those "
+       "8-GPU TF32 runs (the TF32 rows). The README's DGX-1 runs (8 V100) show the same: "
        "AMP scales 6.93x, fp32 7.76x, and on both machines the 8-GPU AMP run "
        "delivers 130 images/s per data-loading worker (16 a GPU on the DGX A100, "
        "8 on the DGX-1, in the repository's configs.yml), as a loader that sets "
        "the pace would"),
+    _t("ResNet-50 TF32, 1 A100", "as the AMP row in fp32 (TF32 convolutions, torch's "
+       "default), NCHW", DLE_RESNET, 938, "images/s", "calibrate",
+       lambda: runs.resnet50_images_per_s("A100 80GB", "DGX A100", 1, dtype=torch.float32)),
+    _t("ResNet-50 TF32, 8 A100 (DDP)", "as above, 8 GPUs", DLE_RESNET, 7248, "images/s",
+       "validate",
+       lambda: runs.resnet50_images_per_s("A100 80GB", "DGX A100", 8, dtype=torch.float32)),
     _t("ResNet-50, 1 H100 (ours)", "the course's ResNet-50 v1.5, AMP, batch 256, "
        "224 x 224, SGD with momentum, channels-last, synthetic data; 10 steps after 5",
        COURSE_H100, 4820, "images/s", "validate",

@@ -30,15 +30,18 @@ def _profile_seconds(model, loss_of, simulation, optimizer=None) -> tuple:
     return prof, prof.forward_s + prof.backward_s, step_s
 
 
-def resnet50_images_per_s(device: str, cluster, gpus: int, batch=256) -> float:
-    """ResNet-50 v1.5 training, AMP, `batch` images per GPU at 224 x 224,
-    SGD with momentum; on `gpus` GPUs, torch's DDP schedule (25 MB buckets,
-    each all-reduced as soon as it is full, `predict.bucketed_ddp`).
-    cluster=None: one GPU, no network (achieved kernel rates all the same)."""
+def resnet50_images_per_s(device: str, cluster, gpus: int, batch=256,
+                          dtype=torch.half) -> float:
+    """ResNet-50 v1.5 training, AMP (dtype=torch.float32: fp32, whose
+    convolutions torch runs in TF32 where the GPU has it), `batch` images
+    per GPU at 224 x 224, SGD with momentum; on `gpus` GPUs, torch's DDP
+    schedule (25 MB buckets, each all-reduced as soon as it is full,
+    `predict.bucketed_ddp`). cluster=None: one GPU, no network (achieved
+    kernel rates all the same)."""
     if cluster is None and gpus > 1:
         raise ValueError("more than one GPU needs a cluster to talk over")
-    model = resnet50(device="meta").half()
-    x = torch.empty(batch, 3, 224, 224, device="meta", dtype=torch.half)
+    model = resnet50(device="meta").to(dtype)
+    x = torch.empty(batch, 3, 224, 224, device="meta", dtype=dtype)
     labels = torch.zeros(batch, dtype=torch.long, device="meta")
     sim = (Simulation(device, compute="achieved") if cluster is None
            else Simulation(device, cluster=cluster))

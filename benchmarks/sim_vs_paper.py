@@ -50,6 +50,17 @@ def loss_of(model):
 
 
 def rows():
+    """The table's rows, fp32 as on the paper's V100s: torch's default of
+    TF32 convolutions on an A100 turned off for the while."""
+    allowed = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        return _rows()
+    finally:
+        torch.backends.cudnn.allow_tf32 = allowed
+
+
+def _rows():
     model = resnet50(device="meta")
     out = []
     for device in DEVICES:

@@ -28,10 +28,13 @@ def micros(cluster, op, nbytes, ranks, algorithm=None):
 
 
 def matmul_tflops(device, m, n, k, dtype="bfloat16"):
-    """TFLOP/s of one 16-bit m x k by k x n product, as a benchmark runs it."""
+    """TFLOP/s of one m x k by k x n product, as a benchmark runs it: dtype
+    a 16-bit type, "float32", or "tf32" (fp32 inputs on the tensor cores)."""
     d = DEVICES[device]
+    element_bytes = 4 if dtype in ("float32", "tf32") else 2
     seconds = efficiency.matmul_seconds(d, d.achieved, m, n, k, 1, dtype,
-                                        2 * (m * k + k * n + m * n), burst=True)
+                                        element_bytes * (m * k + k * n + m * n),
+                                        burst=True)
     return 2 * m * n * k / seconds / 1e12
 
 

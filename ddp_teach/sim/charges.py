@@ -32,12 +32,29 @@ CONVOLUTIONS = {aten.convolution, aten._convolution, aten.convolution_backward}
 def op_seconds(device, func, args, kwargs, out) -> float:
     """One ATen operation's roofline time on `device` at datasheet peak."""
     flops, nbytes, dtype = _work(func, args, kwargs, out)
-    return device.op_seconds(flops, nbytes, dtype)
+    return device.op_seconds(flops, nbytes, math_type(device, func, dtype))
+
+
+def math_type(device, func, dtype: str) -> str:
+    """What an operation computes in: "tf32" for an fp32 convolution or
+    matrix product that torch lets run on the tensor cores (convolutions
+    unless `torch.backends.cudnn.allow_tf32` is off, products once
+    `torch.set_float32_matmul_precision` is "high" or "medium") on a GPU
+    with TF32 units, else its dtype."""
+    if dtype != "float32" or "tf32" not in device.flops:
+        return dtype
+    packet = func.overloadpacket
+    if packet in CONVOLUTIONS and torch.backends.cudnn.allow_tf32:
+        return "tf32"
+    if packet in MATMULS and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return dtype
 
 
 def achieved_seconds(device, achieved, func, args, kwargs, out) -> float:
     """One ATen operation's time on `device` as real kernels run it."""
     flops, nbytes, dtype = _work(func, args, kwargs, out)
+    dtype = math_type(device, func, dtype)
     packet = func.overloadpacket
     if packet in MATMULS:
         a, b = args[MATMULS[packet]], args[MATMULS[packet] + 1]

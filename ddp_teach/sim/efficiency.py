@@ -19,7 +19,9 @@ measurements they are checked against), and `kernel_seconds` uses them:
   on the CUDA cores at `matmul_fp32` of the fp32 peak (nearly all of it on
   an A100, less on an H100), and a 16-bit type the GPU has no units for
   (bf16 on a T4 or a V100) at `EMULATED` of that;
-- convolutions (cuDNN) at `conv` x peak, fused attention at the fraction
+- convolutions (cuDNN) at `conv` x peak (fp32 ones, which torch runs in
+  TF32 on Ampere and later GPUs, at `conv_tf32` x the TF32 peak), fused
+  attention at the fraction
   of the kernel that runs it (below); everything else streams its bytes at
   `memory` x the memory bandwidth; whichever of arithmetic and bytes is
   longer wins, as in a roofline;
@@ -85,7 +87,9 @@ class Achieved:
     attention, on GPUs where torch prefers it (None elsewhere); causal: the
     share of its full-mask rate a kernel keeps with a causal mask;
     matmul_fp32: the fraction fp32 products reach on the CUDA cores, which
-    differs from the tensor cores' `matmul` (None: the same)."""
+    differs from the tensor cores' `matmul` (None: the same); conv_tf32: the
+    fraction of the TF32 peak fp32 convolutions reach on the tensor cores
+    (None: `conv`)."""
     sms: int
     matmul: float
     memory: float
@@ -98,6 +102,7 @@ class Achieved:
     attention_cudnn: float | None = None
     causal: float = CAUSAL
     matmul_fp32: float | None = None
+    conv_tf32: float | None = None
 
     def __post_init__(self):
         if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1:
@@ -107,7 +112,7 @@ class Achieved:
             if not (0 < value <= 1):
                 raise ValueError(f"Achieved.{name} is a fraction of the peak, "
                                  f"in (0, 1]; got {value!r}")
-        for name in ("attention_cudnn", "matmul_fp32"):
+        for name in ("attention_cudnn", "matmul_fp32", "conv_tf32"):
             value = getattr(self, name)
             if value is not None and not (0 < value <= 1):
                 raise ValueError(f"Achieved.{name} is a fraction of the peak, in "
@@ -176,7 +181,8 @@ def rate_seconds(device, achieved: Achieved, kind: str, flops: float,
     `attention` kernel, with a `causal` mask or without) or any other kernel
     ("memory"): its arithmetic at the kind's fraction of peak (full peak for
     "memory") or its bytes, whichever takes longer."""
-    fraction = {"conv": achieved.conv, "memory": 1.0,
+    conv = achieved.conv_tf32 if dtype == "tf32" and achieved.conv_tf32 else achieved.conv
+    fraction = {"conv": conv, "memory": 1.0,
                 "attention": achieved.attention_fraction(attention, dtype, causal)}[kind]
     busy = max(flops / (_peak(device, dtype) * fraction),
                _streaming(device, achieved, nbytes))
@@ -262,23 +268,28 @@ def _streaming(device, achieved: Achieved, nbytes: float) -> float:
 #   its clock falls well below the boost clock its peaks assume); an RTX
 #   4090 on bare metal, 165.08 fp16 and 55.01 fp32 (a GeForce card runs
 #   above its datasheet's boost clock, so its products reach the whole
-#   datasheet peak).
-# H100's conv is A100's (no H100 convolution run was used). V100, T4 and
-# RTX 4090 take A100's other fractions with their own SM counts
-# (datasheets: 80, 40 and 128 SMs), a stated assumption that the ResNet-50
-# V100 row checks; V100's fp32 products take A100's tensor-core fraction
-# (the survey's V100S, a PCIe card without a preset here, reaches 0.83 of
-# its fp32 peak).
+#   datasheet peak);
+# - conv_tf32: ResNet-50 v1.5 training in fp32 (TF32 convolutions, torch's
+#   default; NCHW, as only the README's AMP runs set channels-last), batch
+#   256, one A100 80GB, 938 images/s (the same README), with A100's
+#   sustained fraction; a TF32 product takes the tensor cores' `matmul`,
+#   which an H100's TF32 products check (`gpu_surveys`).
+# H100's conv and conv_tf32 are A100's (no H100 convolution run was used).
+# V100, T4 and RTX 4090 take A100's other fractions with their own SM
+# counts (datasheets: 80, 40 and 128 SMs), a stated assumption that the
+# ResNet-50 V100 row checks; V100's fp32 products take A100's tensor-core
+# fraction (the survey's V100S, a PCIe card without a preset here, reaches
+# 0.83 of its fp32 peak).
 KERNEL_S = 3.74e-6
 SQUARE_SIZES = (1024, 2048, 4096, 8192, 10240)
 ACHIEVED = {
     "H100 SXM": Achieved(sms=132, matmul=0.851, memory=2.97e12 / 3.35e12,
                          attention=327.9 / 989.4, conv=0.436, kernel_s=KERNEL_S,
                          sustained=0.719, attention_cudnn=563.7 / 989.4,
-                         matmul_fp32=0.779),
+                         matmul_fp32=0.779, conv_tf32=0.258),
     "A100 80GB": Achieved(sms=108, matmul=0.815, memory=1.70e12 / 2.039e12,
                           attention=179.5 / 312, conv=0.436, kernel_s=KERNEL_S,
-                          sustained=0.888, matmul_fp32=0.986),
+                          sustained=0.888, matmul_fp32=0.986, conv_tf32=0.258),
 }
 ACHIEVED["V100 SXM2"] = replace(ACHIEVED["A100 80GB"], sms=80, matmul_fp32=None)
 ACHIEVED["T4"] = replace(ACHIEVED["A100 80GB"], sms=40, matmul=0.645, matmul_fp32=0.515)

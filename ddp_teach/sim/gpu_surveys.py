@@ -7,7 +7,7 @@ the same small programs on each GPU their owners have:
 
 - square products (zzc0721/torch-performance-test-data: test.py, and
   database.md at commit 0785868; its issue 79 for one H100's figures size
-  by size): torch.mm of two random n x n matrices for n from 1,024 to
+  by size, fp32 with TF32 allowed among them): torch.mm of two random n x n matrices for n from 1,024 to
   10,240 (`efficiency.SQUARE_SIZES`), 30 products after 6 warm-ups between
   two synchronizations, 2 n^3 FLOPs each, each GPU's best size in TFLOP/s.
   `best_square_tflops` runs that sweep on a simulated GPU. Issue 79's bf16
@@ -35,7 +35,7 @@ SURVEY = "zzc0721/torch-performance-test-data, database.md (commit 0785868)"
 SURVEY_79 = "zzc0721/torch-performance-test-data, issue 79 (2025-10; torch 2.7.0+cu128)"
 BANDWIDTH = "chsasank/device-benchmarks, README.md (commit 02b8262)"
 COPY_ELEMENTS = 94_906_265  # int(2 ** 26.5): the largest copy of benchmark.py
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "tf32": "tf32"}
 
 
 def best_square_tflops(device: str, dtype: str) -> float:
@@ -66,10 +66,13 @@ def _best(gpu, preset, dtype, machine, figure, role="validate", note=""):
 
 
 def _size(n, dtype, figure, note=""):
-    """One size of the H100 of the survey's issue 79."""
+    """One size of the H100 of the survey's issue 79 (tf32: fp32 inputs with
+    TF32 products allowed)."""
     return Measurement(
         "kernel", f"{dtype} matmul {n}^3, H100 (survey)", "H100 80GB HBM3 in a "
-        "container, torch.mm, 30 after 6 warm-ups", SURVEY_79, figure, "TFLOP/s",
+        "container, torch.mm, 30 after 6 warm-ups" + (", fp32 with TF32 allowed"
+                                                      if dtype == "tf32" else ""),
+        SURVEY_79, figure, "TFLOP/s",
         "validate", lambda: matmul_tflops("H100 SXM", n, n, n, DTYPES[dtype]), note)
 
 
@@ -101,6 +104,9 @@ MEASUREMENTS = [
         "model takes the tiling that fills them best, cuBLAS's fp32 kernels did less well")),
     _size(2048, "fp32", 49.58),
     _size(2048, "bf16", 676.59),
+    _size(2048, "tf32", 334.99),
+    _size(4096, "tf32", 402.15),
+    _size(8192, "tf32", 372.05),
     _size(10240, "bf16", 719.72, note=(
         "this H100 ran its largest product slower than 8,192^3 (720 against 798 TFLOP/s): "
         "a long product at full power lowers the clock, and a kernel benchmark here is "

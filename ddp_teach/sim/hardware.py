@@ -9,16 +9,20 @@ message, seconds per byte) that the collectives are charged on.
 
 Peak rates and bandwidths are the vendors' datasheet figures (dense, no
 sparsity): NVIDIA H100 Tensor Core GPU datasheet (SXM5: 989 TFLOP/s bf16/fp16
-tensor, 67 TFLOP/s fp32, 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s in both
-directions together); NVIDIA A100 Tensor Core GPU datasheet (80GB SXM: 312
-TFLOP/s bf16/fp16 tensor, 19.5 TFLOP/s fp32, 2,039 GB/s HBM2e); NVIDIA Ada
-Lovelace architecture whitepaper (GeForce RTX 4090: 165 TFLOP/s fp16/bf16
-tensor with fp32 accumulate, 82.6 TFLOP/s fp32, 1,008 GB/s GDDR6X, 24 GB);
+tensor, 495 TFLOP/s TF32 tensor, 67 TFLOP/s fp32, 3.35 TB/s HBM3, 80 GB,
+NVLink 900 GB/s in both directions together); NVIDIA A100 Tensor Core GPU
+datasheet (80GB SXM: 312 TFLOP/s bf16/fp16 tensor, 156 TF32 tensor, 19.5
+TFLOP/s fp32, 2,039 GB/s HBM2e); NVIDIA Ada Lovelace architecture
+whitepaper (GeForce RTX 4090: 165 TFLOP/s fp16/bf16 tensor with fp32
+accumulate, 82.6 TF32 tensor, 82.6 TFLOP/s fp32, 1,008 GB/s GDDR6X, 24 GB);
 NVIDIA V100 Tensor Core GPU datasheet (SXM2 32GB: 125 TFLOP/s fp16 tensor,
 15.7 TFLOP/s fp32, 900 GB/s; no bf16); NVIDIA T4 datasheet (65 TFLOP/s fp16
 tensor, 8.1 TFLOP/s fp32, 320 GB/s GDDR6, 16 GB; no bf16).
-fp32 matrix products count at the fp32 rate, as in PyTorch, which leaves TF32
-off for them (`torch.backends.cuda.matmul.allow_tf32 = False`). Link
+"tf32" is not a dtype but the tensor cores' way with fp32 inputs (TF32:
+fp32's range, 10 bits of mantissa), on Ampere and later GPUs: torch uses it
+for fp32 convolutions by default, and for fp32 matrix products only when a
+program asks (`torch.set_float32_matmul_precision("high")`);
+`ddp_teach.sim.charges.math_type` follows those settings. Link
 bandwidths are per direction: NVLink 4 450 GB/s, PCIe 4.0 x16 31.5 GB/s
 (PCI-SIG), InfiniBand NDR 400 Gb/s = 50 GB/s, Ethernet 100 and 10 Gb/s.
 
@@ -74,17 +78,17 @@ class Device:
 
 
 DEVICES = {
-    "H100 SXM": Device("H100 SXM", {"float32": 66.9 * TFLOPS,
+    "H100 SXM": Device("H100 SXM", {"float32": 66.9 * TFLOPS, "tf32": 494.7 * TFLOPS,
                                      "bfloat16": 989.4 * TFLOPS,
                                      "float16": 989.4 * TFLOPS},
                        memory_bandwidth=3350 * GBPS, memory_bytes=80e9,
                        achieved=ACHIEVED["H100 SXM"]),
-    "A100 80GB": Device("A100 80GB", {"float32": 19.5 * TFLOPS,
+    "A100 80GB": Device("A100 80GB", {"float32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
                                        "bfloat16": 312 * TFLOPS,
                                        "float16": 312 * TFLOPS},
                         memory_bandwidth=2039 * GBPS, memory_bytes=80e9,
                         achieved=ACHIEVED["A100 80GB"]),
-    "RTX 4090": Device("RTX 4090", {"float32": 82.6 * TFLOPS,
+    "RTX 4090": Device("RTX 4090", {"float32": 82.6 * TFLOPS, "tf32": 82.6 * TFLOPS,
                                      "bfloat16": 165.2 * TFLOPS,
                                      "float16": 165.2 * TFLOPS},
                        memory_bandwidth=1008 * GBPS, memory_bytes=24e9,

@@ -53,6 +53,41 @@ def test_fp32_products_run_on_cuda_cores_and_missing_16_bit_units_are_emulated()
         busy(v100, "float16") * 125 / 15.7)
 
 
+def test_fp32_convolutions_use_tf32_as_torch_does_and_products_only_when_asked():
+    from ddp_teach.sim.charges import achieved_seconds, math_type
+    aten = torch.ops.aten
+    conv, mm = aten.convolution.default, aten.mm.default
+    assert torch.backends.cudnn.allow_tf32                       # torch's defaults
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert math_type(A100, conv, "float32") == "tf32"
+    assert math_type(A100, mm, "float32") == "float32"
+    assert math_type(A100, conv, "bfloat16") == "bfloat16"
+    assert math_type(DEVICES["T4"], conv, "float32") == "float32"  # Turing: no TF32
+    a, b = torch.empty(4096, 4096, device="meta"), torch.empty(4096, 4096, device="meta")
+    fp32_s = achieved_seconds(A100, A100.achieved, mm, (a, b), {}, a)
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert math_type(A100, mm, "float32") == "tf32"
+        tf32_s = achieved_seconds(A100, A100.achieved, mm, (a, b), {}, a)
+        torch.backends.cudnn.allow_tf32 = False
+        assert math_type(A100, conv, "float32") == "float32"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = True
+    # TF32 products run on the tensor cores: 156 TFLOP/s of peak against 19.5
+    assert fp32_s / tf32_s == pytest.approx(
+        (156 * A100.achieved.matmul) / (19.5 * A100.achieved.matmul_fp32), rel=0.02)
+    # and TF32 convolutions at their own, calibrated share of the TF32 peak
+    x = torch.empty(64, 256, 56, 56, device="meta")
+    w = torch.empty(256, 256, 3, 3, device="meta")
+    out = torch.empty(64, 256, 56, 56, device="meta")
+    args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    busy = achieved_seconds(A100, A100.achieved, conv, args, {}, out) - A100.achieved.kernel_s
+    flops = 2 * 64 * 256 * 56 * 56 * 256 * 9
+    assert busy == pytest.approx(
+        flops / (156e12 * A100.achieved.conv_tf32) / A100.achieved.sustained, rel=1e-6)
+
+
 def test_a_matmul_just_past_a_wave_pays_for_part_of_an_empty_wave():
     a = H100.achieved
     # 132 SMs: 132 tiles of 128 x 128 fill one wave. One more row of tiles
@@ -143,6 +178,9 @@ def test_cluster_runs_are_deterministic_and_charge_the_network_across_nodes():
 def test_bad_achieved_figures_are_refused():
     with pytest.raises(ValueError, match="fraction of the peak"):
         Achieved(sms=10, matmul=1.5, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6)
+    with pytest.raises(ValueError, match="conv_tf32 is a fraction"):
+        Achieved(sms=10, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6,
+                 conv_tf32=0)
     with pytest.raises(ValueError, match="matmul_fp32 is a fraction"):
         Achieved(sms=10, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6,
                  matmul_fp32=1.2)
