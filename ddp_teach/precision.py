@@ -13,6 +13,8 @@ ICLR 2018, arXiv:1710.03740) showed that many gradients lie below fp16's
 smallest number and vanish, and that scaling the loss lifts them back into
 range. Every number here comes from `torch.finfo` or from casting a tensor,
 never from a table typed in by hand, so it holds for the torch you run.
+TF32, the tensor cores' format for fp32 inputs, has no torch dtype:
+`to_tf32` rounds to it.
 
 Figures are `matplotlib.figure.Figure` objects made without pyplot, as
 elsewhere in the package.
@@ -87,6 +89,23 @@ def bit_string(value, dtype: torch.dtype) -> str:
 def stored_value(value, dtype: torch.dtype) -> float:
     """The number `dtype` actually keeps for `value` (rounded to nearest)."""
     return torch.tensor(value, dtype=torch.float64).to(dtype).item()
+
+
+def to_tf32(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` (fp32) rounded to TF32, as a tensor core reads fp32 inputs
+    when TF32 is allowed: fp32's sign and 8 exponent bits, 10 of its 23
+    mantissa bits, to nearest with ties away from zero (NVIDIA A100 Tensor
+    Core GPU Architecture whitepaper, 2020; PTX's cvt.rna.tf32.f32). The
+    result is fp32 again, its 13 lowest mantissa bits zero: a product of
+    such inputs, added up in fp32, is what the tensor core computes.
+    Non-finite values pass through."""
+    x = tensor.float().contiguous()
+    dropped = 23 - 10
+    bits = x.view(torch.int32)
+    # float bits are sign and magnitude: adding half of the dropped part
+    # rounds the magnitude, for either sign
+    rounded = ((bits + (1 << (dropped - 1))) & ~((1 << dropped) - 1)).view(torch.float32)
+    return torch.where(torch.isfinite(x), rounded, x)
 
 
 def underflow_fraction(tensor: torch.Tensor, dtype: torch.dtype) -> float:

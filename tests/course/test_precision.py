@@ -173,3 +173,24 @@ def test_scale_curve_can_draw_the_ceiling():
     labels = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
     assert labels == ["loss scale", "largest scale that fits",
                       "overflow: step skipped"]
+
+
+def test_tf32_keeps_ten_mantissa_bits_and_rounds_to_nearest():
+    import struct
+    x = torch.tensor([1.0, 1 + 2 ** -10, 1 + 2 ** -11, 1 + 2 ** -11 - 2 ** -20,
+                      -(1 + 2 ** -11), 3.0e38, float("inf"), float("nan")])
+    y = precision.to_tf32(x)
+    assert y.dtype == torch.float32
+    assert y[0] == 1.0 and y[1] == 1 + 2 ** -10             # kept: 10 bits
+    assert y[2] == 1 + 2 ** -10                              # a tie: away from 0
+    assert y[3] == 1.0                                       # below half: down
+    assert y[4] == -(1 + 2 ** -10)                           # the same for negatives
+    assert torch.isinf(y[6]) and torch.isnan(y[7])
+    finite = y[:6]
+    low_bits = [struct.unpack("<I", struct.pack("<f", v))[0] & 0x1FFF
+                for v in finite.tolist()]
+    assert low_bits == [0] * 6
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(10_000, generator=g)
+    rel = ((precision.to_tf32(r) - r).abs() / r.abs()).max().item()
+    assert 2 ** -12 < rel <= 2 ** -11                        # half of TF32's step
