@@ -95,10 +95,11 @@ def to_tf32(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` (fp32) rounded to TF32, as a tensor core reads fp32 inputs
     when TF32 is allowed: fp32's sign and 8 exponent bits, 10 of its 23
     mantissa bits, to nearest with ties away from zero (NVIDIA A100 Tensor
-    Core GPU Architecture whitepaper, 2020; PTX's cvt.rna.tf32.f32). The
-    result is fp32 again, its 13 lowest mantissa bits zero: a product of
-    such inputs, added up in fp32, is what the tensor core computes.
-    Non-finite values pass through."""
+    Core GPU Architecture whitepaper, 2020; PTX's cvt.rna.tf32.f32; some
+    kernels cut the bits off instead). The result is fp32 again, its 13
+    lowest mantissa bits zero: a product of such inputs, added up in fp32,
+    is close to what the tensor core computes. Non-finite values pass
+    through."""
     x = tensor.float().contiguous()
     dropped = 23 - 10
     bits = x.view(torch.int32)

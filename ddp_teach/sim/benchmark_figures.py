@@ -31,7 +31,7 @@ def matmul_tflops(device, m, n, k, dtype="bfloat16"):
     """TFLOP/s of one m x k by k x n product, as a benchmark runs it: dtype
     a 16-bit type, "float32", or "tf32" (fp32 inputs on the tensor cores)."""
     d = DEVICES[device]
-    element_bytes = 4 if dtype in ("float32", "tf32") else 2
+    element_bytes = {"float32": 4, "tf32": 4, "float64": 8}.get(dtype, 2)
     seconds = efficiency.matmul_seconds(d, d.achieved, m, n, k, 1, dtype,
                                         element_bytes * (m * k + k * n + m * n),
                                         burst=True)

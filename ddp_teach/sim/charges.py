@@ -37,18 +37,35 @@ def op_seconds(device, func, args, kwargs, out) -> float:
 
 def math_type(device, func, dtype: str) -> str:
     """What an operation computes in: "tf32" for an fp32 convolution or
-    matrix product that torch lets run on the tensor cores (convolutions
-    unless `torch.backends.cudnn.allow_tf32` is off, products once
-    `torch.set_float32_matmul_precision` is "high" or "medium") on a GPU
-    with TF32 units, else its dtype."""
+    matrix product that torch lets run on the tensor cores (by default
+    convolutions may, products may not: `tf32_allowed`) on a GPU with TF32
+    units, else its dtype."""
     if dtype != "float32" or "tf32" not in device.flops:
         return dtype
     packet = func.overloadpacket
-    if packet in CONVOLUTIONS and torch.backends.cudnn.allow_tf32:
+    if packet in CONVOLUTIONS and tf32_allowed("conv"):
         return "tf32"
-    if packet in MATMULS and torch.get_float32_matmul_precision() != "highest":
+    if packet in MATMULS and tf32_allowed("matmul"):
         return "tf32"
     return dtype
+
+
+def tf32_allowed(kind: str) -> bool:
+    """Whether torch's settings let fp32 `kind` ("conv" or "matmul") use
+    TF32. From torch 2.9 each backend has an `fp32_precision` ("tf32",
+    "ieee", or "none": ask the one above it); the older switches
+    (`cudnn.allow_tf32`, `set_float32_matmul_precision`) set them too, but
+    reading those after a program used the new ones is an error, so the new
+    ones are read, and the old ones only on a torch without them."""
+    backends = torch.backends
+    chain = ((getattr(backends.cudnn, "conv", None), backends.cudnn, backends)
+             if kind == "conv" else (getattr(backends.cuda, "matmul", None), backends))
+    values = [getattr(backend, "fp32_precision", None) for backend in chain]
+    if all(value is None for value in values):  # a torch before the new settings
+        return (backends.cudnn.allow_tf32 if kind == "conv"
+                else torch.get_float32_matmul_precision() != "highest")
+    return next((value for value in values if value not in (None, "none")),
+                "ieee") == "tf32"
 
 
 def achieved_seconds(device, achieved, func, args, kwargs, out) -> float:

@@ -72,6 +72,7 @@ ATTENTION_KERNELS = ("flash", "cudnn")
 # TFLOP/s; its other GPUs without bf16 units, from P100 to RTX 2080 and the
 # T4 on Kaggle, 0.51 to 0.63; V100S 0.73)
 EMULATED = 0.59
+SIXTEEN_BIT = ("float16", "bfloat16")
 # causal: cuDNN 9.1's fused attention forward and backward, batch 2, 16 heads
 # of 128, 8192 tokens, bf16, on an H200 (H100's chip) with clocks locked:
 # 490.3 TFLOP/s causal (FLOPs halved) against 563.7 without a mask
@@ -162,11 +163,12 @@ def matmul_seconds(device, achieved: Achieved, m: int, n: int, k: int,
     burst: as a kernel benchmark runs it, else as a training run does."""
     if min(m, n, k, batch) <= 0:
         return achieved.kernel_s
+    dtype = _on_device(device, dtype)
     fraction = achieved.matmul
-    if dtype == "float32" or dtype not in device.flops:  # on the CUDA cores
+    if dtype not in device.flops or dtype == "float32":  # on the CUDA cores
         fraction = achieved.matmul_fp32 or fraction
-    if dtype != "float32" and dtype not in device.flops:
-        fraction *= EMULATED
+        if dtype in SIXTEEN_BIT:  # converted first: no units of its own
+            fraction *= EMULATED
     per_sm = _peak(device, dtype) * fraction / achieved.sms
     tile_flops = min(math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn)
                                / achieved.sms) * 2 * tm * tn * k for tm, tn in TILES)
@@ -181,6 +183,7 @@ def rate_seconds(device, achieved: Achieved, kind: str, flops: float,
     `attention` kernel, with a `causal` mask or without) or any other kernel
     ("memory"): its arithmetic at the kind's fraction of peak (full peak for
     "memory") or its bytes, whichever takes longer."""
+    dtype = _on_device(device, dtype)
     conv = achieved.conv_tf32 if dtype == "tf32" and achieved.conv_tf32 else achieved.conv
     fraction = {"conv": conv, "memory": 1.0,
                 "attention": achieved.attention_fraction(attention, dtype, causal)}[kind]
@@ -215,6 +218,12 @@ def overlapped_end(start: float, work: float, busy, slowdown: float) -> float:
         step = min(work * slowdown, end - max(begin, t))
         t, work = t + step, work - step / slowdown
     return t + max(work, 0.0)
+
+
+def _on_device(device, dtype: str) -> str:
+    """`dtype`, or "float32" for "tf32" on a GPU without TF32 units (where
+    torch computes fp32 in fp32)."""
+    return "float32" if dtype == "tf32" and "tf32" not in device.flops else dtype
 
 
 def _peak(device, dtype: str) -> float:
@@ -267,14 +276,16 @@ def _streaming(device, achieved: Achieved, nbytes: float) -> float:
 #   A100 SXM4 80GB; a T4 on Colab, 41.91 fp16 and 4.17 fp32 (a 70 W card:
 #   its clock falls well below the boost clock its peaks assume); an RTX
 #   4090 on bare metal, 165.08 fp16 and 55.01 fp32 (a GeForce card runs
-#   above its datasheet's boost clock, so its products reach the whole
-#   datasheet peak);
+#   above its datasheet's boost clock, so its 16-bit products reach the
+#   whole tensor-core peak);
 # - conv_tf32: ResNet-50 v1.5 training in fp32 (TF32 convolutions, torch's
 #   default; NCHW, as only the README's AMP runs set channels-last), batch
 #   256, one A100 80GB, 938 images/s (the same README), with A100's
 #   sustained fraction; a TF32 product takes the tensor cores' `matmul`,
 #   which an H100's TF32 products check (`gpu_surveys`).
-# H100's conv and conv_tf32 are A100's (no H100 convolution run was used).
+# H100's conv and conv_tf32 are A100's (no H100 convolution run was used);
+# RTX 4090's TF32 convolutions take its `conv` (its TF32 peak is its fp32
+# one, and no TF32 run of it was used).
 # V100, T4 and RTX 4090 take A100's other fractions with their own SM
 # counts (datasheets: 80, 40 and 128 SMs), a stated assumption that the
 # ResNet-50 V100 row checks; V100's fp32 products take A100's tensor-core
@@ -294,4 +305,4 @@ ACHIEVED = {
 ACHIEVED["V100 SXM2"] = replace(ACHIEVED["A100 80GB"], sms=80, matmul_fp32=None)
 ACHIEVED["T4"] = replace(ACHIEVED["A100 80GB"], sms=40, matmul=0.645, matmul_fp32=0.515)
 ACHIEVED["RTX 4090"] = replace(ACHIEVED["A100 80GB"], sms=128, matmul=1.0,
-                               matmul_fp32=0.666)
+                               matmul_fp32=0.666, conv_tf32=None)

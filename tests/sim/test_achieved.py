@@ -88,6 +88,35 @@ def test_fp32_convolutions_use_tf32_as_torch_does_and_products_only_when_asked()
         flops / (156e12 * A100.achieved.conv_tf32) / A100.achieved.sustained, rel=1e-6)
 
 
+def test_torchs_newer_tf32_settings_are_read_and_gpus_without_tf32_compute_fp32():
+    from ddp_teach.sim.charges import math_type
+    from ddp_teach.sim.efficiency import rate_seconds
+    mm, conv = torch.ops.aten.mm.default, torch.ops.aten.convolution.default
+    try:  # the per-backend settings of torch 2.9 and later
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        assert math_type(H100, mm, "float32") == "tf32"
+        assert math_type(H100, conv, "float32") == "float32"
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    assert torch.get_float32_matmul_precision() == "highest"  # restored
+
+    def busy(device, dtype, kind=None):
+        a = device.achieved
+        if kind:
+            return rate_seconds(device, a, kind, 1e12, 0, dtype, burst=True) - a.kernel_s
+        return matmul_seconds(device, a, 8192, 8192, 8192, dtype=dtype,
+                              burst=True) - a.kernel_s
+
+    t4, rtx = DEVICES["T4"], DEVICES["RTX 4090"]
+    assert busy(t4, "tf32") == busy(t4, "float32")           # no TF32 units: fp32
+    assert busy(t4, "float64") == busy(t4, "float32")        # not a 16-bit emulation
+    # the RTX 4090's TF32 peak is its fp32 one: TF32 never makes it slower
+    assert busy(rtx, "tf32", "conv") <= busy(rtx, "float32", "conv")
+    assert busy(rtx, "tf32") < busy(rtx, "float32")
+
+
 def test_a_matmul_just_past_a_wave_pays_for_part_of_an_empty_wave():
     a = H100.achieved
     # 132 SMs: 132 tiles of 128 x 128 fill one wave. One more row of tiles
