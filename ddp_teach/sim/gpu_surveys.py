@@ -56,24 +56,23 @@ def _copy(gpu, figure):
         lambda: copy_gbps(gpu))
 
 
-def _best(gpu, preset, dtype, machine, figure, role="validate", note=""):
+def _best(gpu, preset, dtype, machine, figure, role="validate"):
     """One GPU's best size, as the survey lists it; `gpu` names the machine
     where the survey has two of the kind."""
     return Measurement(
         "kernel", f"{dtype} square matmul, best size, {gpu}", f"{machine}; torch.mm of "
         "n x n, n = 1,024 to 10,240, the best n", SURVEY, figure, "TFLOP/s", role,
-        lambda: best_square_tflops(preset, DTYPES[dtype]), note)
+        lambda: best_square_tflops(preset, DTYPES[dtype]))
 
 
 def _size(n, dtype, figure, note=""):
     """One size of the H100 of the survey's issue 79 (tf32: fp32 inputs with
     TF32 products allowed)."""
+    allowed = ", fp32 with TF32 allowed" if dtype == "tf32" else ""
     return Measurement(
-        "kernel", f"{dtype} matmul {n}^3, H100 (survey)", "H100 80GB HBM3 in a "
-        "container, torch.mm, 30 after 6 warm-ups" + (", fp32 with TF32 allowed"
-                                                      if dtype == "tf32" else ""),
-        SURVEY_79, figure, "TFLOP/s",
-        "validate", lambda: matmul_tflops("H100 SXM", n, n, n, DTYPES[dtype]), note)
+        "kernel", f"{dtype} matmul {n}^3, H100 (survey)", "H100 80GB HBM3 in a container, "
+        f"torch.mm, 30 after 6 warm-ups{allowed}", SURVEY_79, figure, "TFLOP/s", "validate",
+        lambda: matmul_tflops("H100 SXM", n, n, n, DTYPES[dtype]), note)
 
 
 T4_COLAB, T4_KAGGLE = "T4 16GB on Google Colab, torch 2.8.0", "T4 16GB on Kaggle, torch 2.6.0"
