@@ -43,11 +43,8 @@ def math_type(device, func, dtype: str) -> str:
     if dtype != "float32" or "tf32" not in device.flops:
         return dtype
     packet = func.overloadpacket
-    if packet in CONVOLUTIONS and tf32_allowed("conv"):
-        return "tf32"
-    if packet in MATMULS and tf32_allowed("matmul"):
-        return "tf32"
-    return dtype
+    kind = "conv" if packet in CONVOLUTIONS else "matmul" if packet in MATMULS else None
+    return "tf32" if kind and tf32_allowed(kind) else dtype
 
 
 def tf32_allowed(kind: str) -> bool:
