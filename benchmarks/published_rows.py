@@ -19,6 +19,8 @@ FOUNDRY = ("mosaicml/llm-foundry, scripts/train/benchmarking/README.md "
 TITAN = "pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf)"
 DLE_RESNET = ("NVIDIA/DeepLearningExamples, PyTorch/Classification/ConvNets/"
               "resnet50v1.5/README.md (and configs.yml)")
+TORCHVISION_V100 = ("sandeepkumar-skb/pytorch_experiments, torchvision_exp/README.md "
+                    "(commit efd7d00)")
 DLE_BERT = "NVIDIA/DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md"
 
 
@@ -50,6 +52,15 @@ HOST_BOUND = (
     "GPU would tell host time from kernel time: make bench-gpu takes one now "
     "(capstone_profile: the GPU's busy time, and the kernels and operations issued "
     "per step), which no GPU has run yet")
+V100_FORWARD = (
+    "on a real V100 a forward pass is faster, against forward and backward, than the "
+    "simulator makes it: the README's inference runs 3.44 times (fp32) and 2.82 times "
+    "(AMP) as many images a second as its training on the same GPU, more than the "
+    "simulator's ratios (these rows against the V100 training rows). Convolutions are "
+    "charged one share of the peak, forward and backward alike, solved from training "
+    "runs (fp32 on this V100, AMP on an A100), so where cuDNN's forward kernels do "
+    "better than its backward ones, the forward pass comes out slow. The T4's "
+    "inference rows come within the tolerance with the same shares")
 CAPSTONE_CONFIG = ("notebook 10's TinyGPT (2 layers, 8 x 64 tokens, fp32), AdamW "
                    "(foreach), torch's DDP on one rank of dt.run over nccl")
 
@@ -109,6 +120,31 @@ ROWS = MEASUREMENTS + [
        "time, and an fp32 product, for that)"),
     _t("ResNet-50, 1 V100", "as above, DGX-1 V100 16GB", DLE_RESNET, 1200, "images/s",
        "validate", lambda: runs.resnet50_images_per_s("V100 SXM2", "DGX A100", 1)),
+    _t("ResNet-50 FP32, 1 V100", "ResNet-50 v1.5 in fp32 (a V100 has no TF32: the "
+       "convolutions run on the CUDA cores), batch 112, NCHW, DGX-1 V100 16GB, NGC "
+       "pytorch 21.03", DLE_RESNET, 367, "images/s", "calibrate",
+       lambda: runs.resnet50_images_per_s("V100 SXM2", None, 1, batch=112,
+                                          dtype=torch.float32)),
+    _t("ResNet-50 FP32, 1 V100 (torchvision)", "torchvision's ResNet-50 (v1.5) in fp32, "
+       "batch 128, NCHW, SGD with momentum, random inputs, cudnn.benchmark, V100-SXM2; "
+       "each step timed without synchronizing, so after the first few the queue of "
+       "kernels sets the pace", TORCHVISION_V100, 342.37, "ms", "validate",
+       lambda: 128e3 / runs.resnet50_images_per_s("V100 SXM2", None, 1, batch=128,
+                                                  dtype=torch.float32)),
+    _t("ResNet-50 FP32 inference, 1 T4", "ResNet-50 v1.5 in fp32 (a T4 has no TF32), "
+       "eval mode, batch 256, NCHW, NGC pytorch 21.03; the README's average "
+       "throughput over 100 batches", DLE_RESNET, 415, "images/s", "validate",
+       lambda: runs.resnet50_inference_images_per_s("T4", 256, torch.float32)),
+    _t("ResNet-50 AMP inference, 1 T4", "as above with AMP, channels-last",
+       DLE_RESNET, 1198, "images/s", "validate",
+       lambda: runs.resnet50_inference_images_per_s("T4", 256)),
+    _t("ResNet-50 FP32 inference, 1 V100", "as the T4 row, DGX-1 V100 16GB", DLE_RESNET,
+       1261, "images/s", "validate",
+       lambda: runs.resnet50_inference_images_per_s("V100 SXM2", 256, torch.float32),
+       V100_FORWARD),
+    _t("ResNet-50 AMP inference, 1 V100", "as the T4 row with AMP, channels-last, "
+       "DGX-1 V100 16GB", DLE_RESNET, 3382, "images/s", "validate",
+       lambda: runs.resnet50_inference_images_per_s("V100 SXM2", 256), V100_FORWARD),
     _t("BERT-large phase 1, 1 A100", "seq 128, fp16, batch 256 per GPU and "
        "micro-step, LAMB, DGX A100 80GB, NGC 21.11", DLE_BERT, 580, "sequences/s",
        "validate", lambda: runs.bert_sequences_per_s(1, 256)),

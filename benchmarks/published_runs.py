@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import ddp_teach as dt
 from ddp_teach.models import resnet50
 from ddp_teach.sim import Simulation, predict
+from ddp_teach.sim.runtime import SimulatedRecorder
 from published_models import Bert, Llama, LlamaBlock, Mpt, MptBlock, bert_loss, \
     llama_loss, mpt_loss
 
@@ -22,7 +23,6 @@ def _profile_seconds(model, loss_of, simulation, optimizer=None) -> tuple:
     prof = predict.profile(model, loss_of, simulation)
     step_s = 0.0
     if optimizer is not None:
-        from ddp_teach.sim.runtime import SimulatedRecorder
         clock = SimulatedRecorder(0, simulation)
         with clock.running():
             optimizer.step()
@@ -50,6 +50,18 @@ def resnet50_images_per_s(device: str, cluster, gpus: int, batch=256,
         model, lambda m: F.cross_entropy(m(x).float(), labels), sim, optimizer)
     step = predict.bucketed_ddp(prof, gpus) if gpus > 1 else compute_s
     return gpus * batch / (step + step_s)
+
+
+def resnet50_inference_images_per_s(device: str, batch: int, dtype=torch.half) -> float:
+    """ResNet-50 v1.5 inference on one GPU: `batch` images at 224 x 224, the
+    model in eval mode (batch norm from its running statistics) under
+    no_grad, fp16 for AMP (dtype=torch.float32: fp32)."""
+    model = resnet50(device="meta").to(dtype).eval()
+    x = torch.empty(batch, 3, 224, 224, device="meta", dtype=dtype)
+    clock = SimulatedRecorder(0, Simulation(device, compute="achieved"))
+    with torch.no_grad(), clock.running():
+        model(x)
+    return batch / clock.now()
 
 
 def bert_sequences_per_s(gpus: int, accumulation: int, batch=256, length=128) -> float:

@@ -20,8 +20,9 @@ measurements they are checked against), and `kernel_seconds` uses them:
   an A100, less on an H100), and a 16-bit type the GPU has no units for
   (bf16 on a T4 or a V100) at `EMULATED` of that;
 - convolutions (cuDNN) at `conv` x peak (fp32 ones, which torch runs in
-  TF32 on Ampere and later GPUs, at `conv_tf32` x the TF32 peak), fused
-  attention at the fraction
+  TF32 on Ampere and later GPUs, at `conv_tf32` x the TF32 peak; fp32 ones
+  on the CUDA cores, where a GPU has no TF32 or it is turned off, at
+  `conv_fp32` x the fp32 peak), fused attention at the fraction
   of the kernel that runs it (below); everything else streams its bytes at
   `memory` x the memory bandwidth; whichever of arithmetic and bytes is
   longer wins, as in a roofline;
@@ -90,7 +91,8 @@ class Achieved:
     matmul_fp32: the fraction fp32 products reach on the CUDA cores, which
     differs from the tensor cores' `matmul` (None: the same); conv_tf32: the
     fraction of the TF32 peak fp32 convolutions reach on the tensor cores
-    (None: `conv`)."""
+    (None: `conv`); conv_fp32: the fraction of the fp32 peak they reach on
+    the CUDA cores (None: `conv`)."""
     sms: int
     matmul: float
     memory: float
@@ -104,6 +106,7 @@ class Achieved:
     causal: float = CAUSAL
     matmul_fp32: float | None = None
     conv_tf32: float | None = None
+    conv_fp32: float | None = None
 
     def __post_init__(self):
         if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 1:
@@ -113,7 +116,7 @@ class Achieved:
             if not (0 < value <= 1):
                 raise ValueError(f"Achieved.{name} is a fraction of the peak, "
                                  f"in (0, 1]; got {value!r}")
-        for name in ("attention_cudnn", "matmul_fp32", "conv_tf32"):
+        for name in ("attention_cudnn", "matmul_fp32", "conv_tf32", "conv_fp32"):
             value = getattr(self, name)
             if value is not None and not (0 < value <= 1):
                 raise ValueError(f"Achieved.{name} is a fraction of the peak, in "
@@ -184,7 +187,8 @@ def rate_seconds(device, achieved: Achieved, kind: str, flops: float,
     ("memory"): its arithmetic at the kind's fraction of peak (full peak for
     "memory") or its bytes, whichever takes longer."""
     dtype = _on_device(device, dtype)
-    conv = achieved.conv_tf32 if dtype == "tf32" and achieved.conv_tf32 else achieved.conv
+    conv = {"tf32": achieved.conv_tf32,
+            "float32": achieved.conv_fp32}.get(dtype) or achieved.conv
     fraction = {"conv": conv, "memory": 1.0,
                 "attention": achieved.attention_fraction(attention, dtype, causal)}[kind]
     busy = max(flops / (_peak(device, dtype) * fraction),
@@ -282,27 +286,38 @@ def _streaming(device, achieved: Achieved, nbytes: float) -> float:
 #   default; NCHW, as only the README's AMP runs set channels-last), batch
 #   256, one A100 80GB, 938 images/s (the same README), with A100's
 #   sustained fraction; a TF32 product takes the tensor cores' `matmul`,
-#   which an H100's TF32 products check (`gpu_surveys`).
+#   which an H100's TF32 products check (`gpu_surveys`);
+# - conv_fp32: ResNet-50 v1.5 training in fp32 on one V100 16GB (no TF32:
+#   the convolutions run on the CUDA cores), batch 112, NCHW, 367 images/s
+#   (the same README), with the V100's other fractions (A100's, below). The
+#   share is counted against the FLOPs of a direct convolution; cuDNN runs
+#   many 3x3 fp32 convolutions with Winograd's algorithm, which does fewer
+#   multiplications, so the counted share can come near 1 (or pass it). One
+#   share for every GPU, a stated assumption that DeepLearningExamples' T4
+#   inference rows check.
 # H100's conv and conv_tf32 are A100's (no H100 convolution run was used);
-# RTX 4090's TF32 convolutions take its `conv` (its TF32 peak is its fp32
-# one, and no TF32 run of it was used).
+# RTX 4090's TF32 convolutions take its fp32 ones' share: its TF32 peak is
+# its fp32 one, and TF32 lets cuDNN use the tensor cores without making it
+# (no TF32 run of it was used).
 # V100, T4 and RTX 4090 take A100's other fractions with their own SM
 # counts (datasheets: 80, 40 and 128 SMs), a stated assumption that the
-# ResNet-50 V100 row checks; V100's fp32 products take A100's tensor-core
+# ResNet-50 rows of V100 and T4 check (training and inference); V100's fp32 products take A100's tensor-core
 # fraction (the survey's V100S, a PCIe card without a preset here, reaches
 # 0.83 of its fp32 peak).
 KERNEL_S = 3.74e-6
 SQUARE_SIZES = (1024, 2048, 4096, 8192, 10240)
+CONV_FP32 = 0.943
 ACHIEVED = {
     "H100 SXM": Achieved(sms=132, matmul=0.851, memory=2.97e12 / 3.35e12,
                          attention=327.9 / 989.4, conv=0.436, kernel_s=KERNEL_S,
                          sustained=0.719, attention_cudnn=563.7 / 989.4,
-                         matmul_fp32=0.779, conv_tf32=0.258),
+                         matmul_fp32=0.779, conv_tf32=0.258, conv_fp32=CONV_FP32),
     "A100 80GB": Achieved(sms=108, matmul=0.815, memory=1.70e12 / 2.039e12,
                           attention=179.5 / 312, conv=0.436, kernel_s=KERNEL_S,
-                          sustained=0.888, matmul_fp32=0.986, conv_tf32=0.258),
+                          sustained=0.888, matmul_fp32=0.986, conv_tf32=0.258,
+                          conv_fp32=CONV_FP32),
 }
 ACHIEVED["V100 SXM2"] = replace(ACHIEVED["A100 80GB"], sms=80, matmul_fp32=None)
 ACHIEVED["T4"] = replace(ACHIEVED["A100 80GB"], sms=40, matmul=0.645, matmul_fp32=0.515)
 ACHIEVED["RTX 4090"] = replace(ACHIEVED["A100 80GB"], sms=128, matmul=1.0,
-                               matmul_fp32=0.666, conv_tf32=None)
+                               matmul_fp32=0.666, conv_tf32=CONV_FP32)

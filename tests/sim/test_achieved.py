@@ -2,6 +2,7 @@
 small models host-bound, the slowdown of overlapped compute, determinism,
 and the datasheet-peak mode left as it was."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -86,6 +87,36 @@ def test_fp32_convolutions_use_tf32_as_torch_does_and_products_only_when_asked()
     flops = 2 * 64 * 256 * 56 * 56 * 256 * 9
     assert busy == pytest.approx(
         flops / (156e12 * A100.achieved.conv_tf32) / A100.achieved.sustained, rel=1e-6)
+
+
+def test_fp32_convolutions_on_the_cuda_cores_take_their_own_share():
+    """Without TF32 (a T4; an A100 with it turned off) an fp32 convolution
+    runs on the CUDA cores at `conv_fp32` of the fp32 peak, not at the
+    tensor cores' `conv` share of it."""
+    from ddp_teach.sim.charges import achieved_seconds
+    conv = torch.ops.aten.convolution.default
+    x = torch.empty(64, 256, 56, 56, device="meta")
+    w = torch.empty(256, 256, 3, 3, device="meta")
+    args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    flops = 2 * 64 * 256 * 56 * 56 * 256 * 9
+
+    def busy(device):
+        a = device.achieved
+        return achieved_seconds(device, a, conv, args, {}, x) - a.kernel_s
+
+    t4 = DEVICES["T4"]
+    assert t4.achieved.conv_fp32 != t4.achieved.conv
+    assert busy(t4) == pytest.approx(
+        flops / (8.1e12 * t4.achieved.conv_fp32) / t4.achieved.sustained, rel=1e-6)
+    try:
+        torch.backends.cudnn.allow_tf32 = False
+        assert busy(A100) == pytest.approx(
+            flops / (19.5e12 * A100.achieved.conv_fp32) / A100.achieved.sustained, rel=1e-6)
+        no_share = replace(A100, achieved=replace(A100.achieved, conv_fp32=None))
+        assert busy(no_share) == pytest.approx(   # None: the tensor cores' `conv`
+            flops / (19.5e12 * A100.achieved.conv) / A100.achieved.sustained, rel=1e-6)
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def test_torchs_newer_tf32_settings_are_read_and_gpus_without_tf32_compute_fp32():
@@ -210,6 +241,9 @@ def test_bad_achieved_figures_are_refused():
     with pytest.raises(ValueError, match="conv_tf32 is a fraction"):
         Achieved(sms=10, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6,
                  conv_tf32=0)
+    with pytest.raises(ValueError, match="conv_fp32 is a fraction"):
+        Achieved(sms=10, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6,
+                 conv_fp32=-0.5)
     with pytest.raises(ValueError, match="matmul_fp32 is a fraction"):
         Achieved(sms=10, matmul=0.8, memory=0.9, attention=0.3, conv=0.4, kernel_s=1e-6,
                  matmul_fp32=1.2)
