@@ -21,7 +21,7 @@ LOW, HIGH = 0.87, 1.15  # the tolerance every row is held to: within about 15%
 class Measurement:
     """One published figure (`published`, in `unit`) and how to simulate it.
 
-    group: "collective", "kernel" or "training"; role: "calibrate" or
+    group: "collective", "kernel", "training" or "inference"; role: "calibrate" or
     "validate" (see the module's doc); note: why the simulator misses it,
     where it does."""
     group: str

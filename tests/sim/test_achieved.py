@@ -11,7 +11,7 @@ from torch import nn
 
 import ddp_teach as dt
 from ddp_teach.sim import DEVICES, Achieved, Simulation, one_rank
-from ddp_teach.sim.efficiency import matmul_seconds, overlapped_end, rate_seconds
+from ddp_teach.sim.efficiency import EMULATED, matmul_seconds, overlapped_end, rate_seconds
 
 H100 = DEVICES["H100 SXM"]
 A100 = DEVICES["A100 80GB"]
@@ -31,8 +31,6 @@ def test_large_matmuls_run_at_the_calibrated_fraction_of_peak():
 
 
 def test_fp32_products_run_on_cuda_cores_and_missing_16_bit_units_are_emulated():
-    from ddp_teach.sim.efficiency import EMULATED
-
     def busy(device, dtype):
         a = device.achieved
         return matmul_seconds(device, a, 8192, 8192, 8192, dtype=dtype,
@@ -117,6 +115,28 @@ def test_fp32_convolutions_on_the_cuda_cores_take_their_own_share():
             flops / (19.5e12 * A100.achieved.conv) / A100.achieved.sustained, rel=1e-6)
     finally:
         torch.backends.cudnn.allow_tf32 = True
+
+
+def test_no_convolution_type_is_slower_than_fp32_on_the_cuda_cores_unless_emulated():
+    """cuDNN picks its fastest kernel: on every preset a 16-bit or TF32
+    convolution takes at most the fp32 one's time (the RTX 4090's tensor
+    cores are only twice its CUDA cores in 16 bits, so its `conv` share
+    alone would make fp16 slower); bf16 on a GPU without bf16 units is
+    converted and takes 1 / EMULATED times the fp32 time."""
+    def busy(device, dtype):
+        a = device.achieved
+        return rate_seconds(device, a, "conv", 1e12, 0, dtype, burst=True) - a.kernel_s
+
+    for name, device in DEVICES.items():
+        fp32 = busy(device, "float32")
+        assert busy(device, "tf32") <= fp32, name
+        for dtype in ("float16", "bfloat16"):
+            if dtype in device.flops:
+                assert busy(device, dtype) <= fp32, (name, dtype)
+            else:
+                assert busy(device, dtype) == pytest.approx(fp32 / EMULATED), (name, dtype)
+    rtx = DEVICES["RTX 4090"]
+    assert rtx.flops["float16"] * rtx.achieved.conv < rtx.flops["float32"] * rtx.achieved.conv_fp32
 
 
 def test_torchs_newer_tf32_settings_are_read_and_gpus_without_tf32_compute_fp32():
