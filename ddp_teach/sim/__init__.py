@@ -16,8 +16,8 @@ over gloo, so every result stays real; but each rank keeps a VIRTUAL clock:
 That is `Simulation(device, link)`, a lecture's model. `Simulation(device,
 cluster=...)` is a real cluster's (`simulation`): nodes joined by NICs,
 collectives as NCCL runs them (`cluster`, `nccl`, `comm`), kernels as fast
-as real ones, not as the datasheet (`efficiency`), and a host that issues
-each operation.
+as real ones, not as the datasheet (`efficiency`, with the fractions of
+`calibrated`), and a host that issues each operation.
 
 The same program gives the same virtual times on any machine, under any
 load. `predict` gives the textbook cases from the same numbers, and

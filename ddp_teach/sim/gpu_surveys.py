@@ -8,7 +8,7 @@ the same small programs on each GPU their owners have:
 - square products (zzc0721/torch-performance-test-data: test.py, and
   database.md at commit 0785868; its issue 79 for one H100's figures size
   by size, fp32 with TF32 allowed among them): torch.mm of two random n x n matrices for n from 1,024 to
-  10,240 (`efficiency.SQUARE_SIZES`), 30 products after 6 warm-ups between
+  10,240 (`SQUARE_SIZES`), 30 products after 6 warm-ups between
   two synchronizations, 2 n^3 FLOPs each, each GPU's best size in TFLOP/s.
   `best_square_tflops` runs that sweep on a simulated GPU. Issue 79's bf16
   and fp16 products at 1,024 are not kept: 30 products of a few
@@ -21,15 +21,16 @@ the same small programs on each GPU their owners have:
   over the wall clock. `copy_gbps` simulates it; the host's few
   microseconds around one copy of a millisecond or more are left out.
 
-One machine's row of a GPU calibrates (`efficiency` names it); another
+One machine's row of a GPU calibrates (`calibrated` names it); another
 machine's row of the same GPU validates, so it checks how far one copy's
 figure carries to the next, and the H100's size-by-size rows check the
 tile model's shapes. The bandwidth rows only validate: the T4 and RTX 4090
 take A100's share of their memory bandwidth, a stated assumption.
 """
 from ddp_teach.sim.benchmark_figures import matmul_tflops, stream_tbps
-from ddp_teach.sim.efficiency import SQUARE_SIZES
 from ddp_teach.sim.measurement import Measurement
+
+SQUARE_SIZES = (1024, 2048, 4096, 8192, 10240)
 
 SURVEY = "zzc0721/torch-performance-test-data, database.md (commit 0785868)"
 SURVEY_79 = "zzc0721/torch-performance-test-data, issue 79 (2025-10; torch 2.7.0+cu128)"

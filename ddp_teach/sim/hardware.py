@@ -33,14 +33,16 @@ latency is microseconds inside a node, tens of them across Ethernet). They
 are parameters: build a `Device` or a `Link` of your own to change them.
 
 Each preset also carries `achieved`: what real kernels reach on it
-(`ddp_teach.sim.efficiency`), which a `Simulation(compute="achieved")`
+(`ddp_teach.sim.efficiency`, with the fractions of
+`ddp_teach.sim.calibrated`), which a `Simulation(compute="achieved")`
 charges instead of the datasheet roofline.
 """
 import math
 from dataclasses import dataclass, field
 
 from ddp_teach.cost import Link
-from ddp_teach.sim.efficiency import ACHIEVED, Achieved
+from ddp_teach.sim.calibrated import ACHIEVED
+from ddp_teach.sim.efficiency import Achieved
 
 TFLOPS, GBPS = 1e12, 1e9
 
