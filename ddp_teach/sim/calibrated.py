@@ -17,7 +17,7 @@ from ddp_teach.sim.efficiency import Achieved
 #   FLOPS"); A100, cuBLASLt fp16 8192^3 at 253.7 TFLOP/s (Azure/AI-
 #   benchmarking-guide, ND A100 v4 results);
 # - kernel_s: A100 cuBLASLt fp16 1024^3 at 119.4 TFLOP/s (same page), with
-#   the tile model above; the same on every GPU;
+#   `efficiency`'s tile model; the same on every GPU;
 # - memory: STREAM triad on the HBM, 2.97 TB/s on H100 and 1.70 TB/s on
 #   A100 (Azure/AI-benchmarking-guide, ND H100 v5 and ND A100 v4 results);
 # - attention: FlashAttention-2's benchmark, batch 2, 8192 tokens, not
@@ -28,7 +28,7 @@ from ddp_teach.sim.efficiency import Achieved
 #   causal): 563.7 TFLOP/s on an H200, H100's chip, clocks locked at 1980
 #   MHz (NVIDIA/cudnn-frontend, benchmark/benchmark_results.csv); forward
 #   and backward, as the FlashAttention-2 figure is, since training runs both;
-# - causal: the same benchmark with a causal mask (`CAUSAL`, above);
+# - causal: the same benchmark with a causal mask (`efficiency.CAUSAL`);
 # - sustained: llm-foundry's MPT-7B training with FSDP, 2,048 tokens, no
 #   activation checkpointing: 10,643 tokens/s per GPU on 8x H100 80GB
 #   (micro-batch 6) and 4,641 on 8x A100 80GB (micro-batch 6, 2 micro-
