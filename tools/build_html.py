@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "html")
     parser.add_argument("notebooks", nargs="*", type=Path)
     args = parser.parse_args(argv)
-    notebooks = sorted(args.notebooks or (ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    notebooks = sorted(args.notebooks or (ROOT / "notebooks").glob("[0-9A]*.ipynb"))
     args.out.mkdir(parents=True, exist_ok=True)
     items, failed = [], []
     for i, path in enumerate(notebooks):

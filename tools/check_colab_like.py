@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     env.update(DDP_TEACH_SOURCE=str(ROOT), PATH=f"{python.parent}:{env['PATH']}")
     failed = []
     with tempfile.TemporaryDirectory(prefix="colab-like-") as folder:
-        others = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
+        others = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9A][0-9]_*.ipynb")
                         if p.name not in NOTEBOOKS) if options.all else []
         for name in (*NOTEBOOKS, *others):
             copy = Path(folder) / name

@@ -73,7 +73,7 @@ def with_links_and_cell(notebook: Path, nb) -> bool:
 
 
 def notebooks() -> list[Path]:
-    return sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return sorted((ROOT / "notebooks").glob("[0-9A][0-9]_*.ipynb"))
 
 
 def main(argv=None) -> int:

@@ -213,7 +213,7 @@ def untraced_numbers(path) -> list[ProseNumber]:
 
 
 def notebooks() -> list[Path]:
-    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    return sorted(NOTEBOOKS.glob("[0-9A][0-9]_*.ipynb"))
 
 
 def main(argv: list[str]) -> int:

@@ -20,7 +20,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 GPU_PATHS = ["01_collectives", "03_ddp", "05_mixed_precision"]
-OTHERS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if p.stem not in GPU_PATHS)
+OTHERS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9A][0-9]_*.ipynb") if p.stem not in GPU_PATHS)
 
 
 @pytest.mark.parametrize("name", GPU_PATHS + OTHERS)

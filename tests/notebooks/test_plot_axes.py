@@ -30,7 +30,7 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9A][0-9]_*.ipynb"))
 
 MAGNITUDE = re.compile(
     r"(?i)\b(?:time|seconds?|ms|µs|us|ns|bytes?|[kmgt]i?b|memory|throughput|"

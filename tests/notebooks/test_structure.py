@@ -1,6 +1,7 @@
 """The structure every notebook shares, and what a learner's clone holds.
 
-Every notebook opens with its number and title, then its learning goals and
+Every notebook opens with its number (00, 01, ... on the core road; A1,
+A2, ... for the optional appendices) and title, then its learning goals and
 prerequisites, and ends with a recap and further reading; it is stored
 without outputs (nbval and `make html` make them); and the README's course
 table and the welcome notebook's course map list it, so that a new notebook
@@ -13,7 +14,7 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9A][0-9]_*.ipynb"))
 
 
 def level_two_headings(nb) -> list[str]:
@@ -22,8 +23,12 @@ def level_two_headings(nb) -> list[str]:
 
 
 def test_the_notebooks_are_numbered_without_gaps():
-    numbers = [int(path.name[:2]) for path in NOTEBOOKS]
-    assert numbers == list(range(len(NOTEBOOKS))), numbers
+    """The core road is 00, 01, ...; the optional appendices A1, A2, ...
+    come after it (sorted so: digits before letters)."""
+    core = [int(path.name[:2]) for path in NOTEBOOKS if path.name[0].isdigit()]
+    appendices = [int(path.name[1]) for path in NOTEBOOKS if path.name[0] == "A"]
+    assert core == list(range(len(core))), core
+    assert appendices == list(range(1, len(appendices) + 1)), appendices
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -45,12 +50,12 @@ def test_stored_without_outputs(path):
 
 def test_the_readme_course_table_lists_every_notebook():
     readme = (ROOT / "README.md").read_text()
-    listed = re.findall(r"^\| `(\d\d_\w+)` \|", readme, re.MULTILINE)
+    listed = re.findall(r"^\| `([\dA]\d_\w+)` \|", readme, re.MULTILINE)
     assert listed == [path.stem for path in NOTEBOOKS]
 
 
 def test_the_welcome_notebooks_course_map_lists_every_notebook():
     welcome = nbformat.read(NOTEBOOKS[0], as_version=4)
     text = "\n".join(cell.source for cell in welcome.cells if cell.cell_type == "markdown")
-    listed = re.findall(r"^\| `(\d\d_\w+)` \|", text, re.MULTILINE)
+    listed = re.findall(r"^\| `([\dA]\d_\w+)` \|", text, re.MULTILINE)
     assert listed == [path.stem for path in NOTEBOOKS]
