@@ -62,10 +62,14 @@ def rank_events(trace: dict, rank: int, path, shift_us: float) -> list[Event]:
     nccl = [e for e in kernels if e["name"].startswith(NCCL_KERNELS)]
     found = list(_nccl_comm(nccl) if nccl else _gloo_comm(spans))
     if not found:
+        hint = ("NCCL was called but its kernels are missing: profile with "
+                "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
+                if any(e["name"].startswith("nccl:") for e in spans) else
+                "profile steps in which the ranks communicate (DDP's backward), "
+                "on every rank")
         raise ValueError(
             f"{str(path)!r} holds no communication: no NCCL kernel (ncclKernel*, "
-            "ncclDevKernel*) and no gloo collective (gloo:*). Profile steps in "
-            "which the ranks communicate (DDP's backward), on every rank")
+            f"ncclDevKernel*) and no gloo collective (gloo:*); {hint}")
     found += _kernel_compute(spans, kernels) if kernels else _cpu_compute(spans)
     return [Event(rank, name, kind, (e["ts"] + shift_us) * US,
                   (e["ts"] + shift_us) * US + e["dur"] * US, nbytes)

@@ -21,20 +21,21 @@ from ddp_teach.tracing.torch_profiler import NO_BYTES
 DATA = Path(__file__).parent / "data"
 STEPS, WIDTH, DEPTH = 3, 256, 4
 US = 1e-6
-# Times are whole microseconds in the hand-made traces, and the reader
-# subtracts the large timestamps before scaling to seconds, so what is left is
-# float64 rounding of sub-millisecond sums: far below a nanosecond.
+# The reader subtracts the large timestamps (microseconds since boot) before
+# scaling to seconds, so times read back carry only float64 rounding of sums
+# of a few hundred sub-second times (ulp 2e-16 s each): far below 1e-12 s.
+# The hand-made traces' times are whole microseconds.
 EXACT = 1e-12
 
 
-def profiled_ddp(rank, world_size, outdir, record_shapes=True):
+def profiled_ddp(rank, world_size, outdir):
     """A learner's DDP loop under torch.profiler, one trace per rank."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(DEPTH)])
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.3)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
     torch.manual_seed(rank)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(STEPS):
             ddp(torch.randn(32, WIDTH)).square().mean().backward()
             optimizer.step()
@@ -166,8 +167,14 @@ def test_bad_files_get_errors_that_say_what_is_wrong(recorded, tmp_path):
         trace["traceEvents"] = [e for e in trace["traceEvents"]
                                 if not e.get("name", "").startswith("gloo:")]
     silent = rewrite(recorded[0] / "rank0.json", tmp_path / "silent.json", drop_collectives)
-    with pytest.raises(ValueError, match="holds no communication"):
+    with pytest.raises(ValueError, match="holds no communication.*DDP's backward"):
         dt.Timeline.from_torch_profiler([silent])
+
+    def host_only(trace):  # a GPU run profiled without ProfilerActivity.CUDA
+        trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("pid") != 0]
+    cpu_side = rewrite(DATA / "gpu_rank0.json", tmp_path / "cpu_side.json", host_only)
+    with pytest.raises(ValueError, match="kernels are missing.*ProfilerActivity.CUDA"):
+        dt.Timeline.from_torch_profiler([cpu_side])
 
 
 def test_bad_arguments_get_errors_that_say_what_to_do(recorded, tmp_path):
