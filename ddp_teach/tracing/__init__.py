@@ -3,7 +3,9 @@
 `recorder` wraps torch.distributed's calls in a traced run; `marks` lets the
 learner mark compute (`span`, `trace_layers`); `events` is the record both
 produce; `timeline` turns every rank's events into numbers (overlap, idle
-time, bytes) and pictures, which `drawing` draws.
+time, bytes) and pictures, which `drawing` draws. `torch_profiler` (with
+`profiler_events`) reads the traces torch.profiler wrote on each rank into
+the same events (`Timeline.from_torch_profiler`).
 """
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 from ddp_teach.tracing.marks import span, trace_layers

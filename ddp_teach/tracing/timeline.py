@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 from matplotlib.figure import Figure
 
-from ddp_teach.tracing import drawing
+from ddp_teach.tracing import drawing, torch_profiler
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 
 Interval = tuple[float, float]
@@ -252,3 +252,12 @@ class Timeline:
                          end=origin + (t["ts"] + t["dur"]) / US,
                          nbytes=t["args"]["nbytes"], emulated_s=t["args"]["emulated_s"])
                    for t in trace["traceEvents"] if t["ph"] == "X")
+
+    @classmethod
+    def from_torch_profiler(cls, paths, align: str = "collective") -> "Timeline":
+        """Read the Chrome traces torch.profiler wrote, one per rank (a list,
+        a directory or a glob): NCCL kernels or gloo's collectives as
+        communication, the other kernels or CPU operators as compute; ranks put
+        on one clock by `align` ("collective", "clock" or "start"). See
+        `ddp_teach.tracing.torch_profiler` for what is read and why."""
+        return cls(torch_profiler.read_events(paths, align))
