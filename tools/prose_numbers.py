@@ -22,6 +22,8 @@ What is not a claim, and is left out before numbers are taken:
   "§11", "cell 70", "Table 1"), versions ("torch 2.13", "Python 3.11"),
   indices ("rank 0", "ranks 0 and 1", "GPU 3", "step 20") and years;
 - names with a digit in them (fp32, H100, ZeRO-3, GPT-2, AVX-512);
+- a notebook's study-time line ("Study time: about 2.5 hours"): an
+  estimate of the learner's time, not a measurement of the course;
 - whole numbers up to 10 with no unit after them ("2 ranks", "4 times
   over" is kept: `times` is a unit): instructions count with them.
 
@@ -91,6 +93,7 @@ VERSION = re.compile(
     r"(?P<qualifier>(?:\s+(?:before|after|since|from|older than|newer than|"
     r"up to|>=|<=|<|>))?)\s*\d+(?:\.\d+)*(?:" + JOINERS + r"\d+(?:\.\d+)*)*")
 HEADING_NUMBER = re.compile(r"^(#+\s*)\d+(?:\.\d+)*\.?", re.MULTILINE)
+STUDY_TIME = re.compile(r"^\**Study time:?\**:?.*$", re.MULTILINE | re.IGNORECASE)
 YEAR = re.compile(r"^(?:19[5-9]\d|20[0-3]\d)$")
 
 
@@ -122,6 +125,7 @@ def strip_non_claims(markdown: str) -> str:
     """The prose with what is not a claim blanked out (see the module doc):
     code, links, URLs, references by number, headings' section numbers."""
     text = re.sub(r"```.*?```", " ", markdown, flags=re.DOTALL)
+    text = STUDY_TIME.sub(" ", text)
     text = re.sub(r"(`+)(?:(?!\1).)+?\1", " ", text, flags=re.DOTALL)
     text = re.sub(r"\]\([^)]*\)", "] ", text)            # link targets
     text = re.sub(r"<[^>\n]+>", " ", text)               # HTML tags, autolinks

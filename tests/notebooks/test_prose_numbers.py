@@ -116,7 +116,8 @@ def test_format_widths_in_f_strings_are_not_values():
     "Python 3.11 or later", "in 2019", "`WORLD = 42`", "```\nx = 33.5\n```",
     "[the paper](https://arxiv.org/abs/2006.15704)", "at 127.0.0.1",
     "fp32, H100, ZeRO-3 and GPT-2 on AVX-512", "2 ranks", "PCIe 4 x16",
-    "IEEE 754", "at step 25", "## Further reading\n\n- VLDB 13, 2020, pp. 3005",
+    "IEEE 754", "at step 25", "Study time: about 2.5 hours, with the exercises.",
+    "**Study time:** about 3 hours", "## Further reading\n\n- VLDB 13, 2020, pp. 3005",
 ])
 def test_what_is_no_claim_is_left_out(prose):
     known = prose_numbers.code_values([""])
