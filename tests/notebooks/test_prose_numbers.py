@@ -42,6 +42,14 @@ FACTS = {
               "(ZeRO, section 3.1: K = 12)",
         "7.5": "the 7.5-billion-parameter model of ZeRO's Table 1",
     },
+    "06_sharding": {
+        "80": "the calculator's reference device, 80 GB (dt.widgets.zero_calculator's "
+              "device_gb default: an A100 80GB or an H100 SXM, NVIDIA's datasheets)",
+    },
+    "A4_sharding_at_scale": {
+        "7.5": "the 7.5-billion-parameter model of ZeRO's Table 1, which notebook 06's "
+               "GPT-like stack is sized after (Rajbhandari et al., ZeRO, SC'20)",
+    },
     "07_launching_at_scale": {
         "30": "gloo's default timeout, 30 minutes (torch/distributed/constants.py, "
               "default_pg_timeout)",
