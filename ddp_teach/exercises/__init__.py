@@ -9,10 +9,11 @@ correct (what was tried). It never raises, so a notebook with unsolved
 exercises still runs top to bottom; it returns True only when correct.
 
 Each notebook's checkers live in a module named after it (nb03_ddp.py for
-03_ddp.ipynb); `registry` says what an exercise is, `harness` runs learner
-code on ranks; this module holds the calls a notebook uses: `check`, `hint`,
-`solution`, and `reference_solution` (the reference a solved notebook uses).
-The references themselves live in the course modules (ddp_teach/*.py).
+03_ddp.ipynb, nbA1_cost_models.py for A1_cost_models.ipynb); `registry` says
+what an exercise is, `harness` runs learner code on ranks; this module holds
+the calls a notebook uses: `check`, `hint`, `solution`, and
+`reference_solution` (the reference a solved notebook uses). The references
+themselves live in the course modules (ddp_teach/*.py).
 """
 import importlib
 import inspect

@@ -1,5 +1,5 @@
 """Checkers for notebook 01's collectives built from point-to-point messages
-(the alpha-beta fit is checked in nb01_alpha_beta.py).
+(the alpha-beta fit, appendix A1's exercise, is checked in nbA1_cost_models.py).
 
 Each runs the learner's function where it would really run, on worker
 processes, traced, over every world size from 1 to 4 and every case below:

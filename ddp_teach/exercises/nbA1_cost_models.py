@@ -1,5 +1,6 @@
-"""The checker for notebook 01's last exercise: fit the alpha-beta model of a
-ring all-reduce, t = 2(p-1) alpha + 2(p-1)/p n beta, to measured times.
+"""The checker for appendix A1's exercise (A1_cost_models.ipynb): fit the
+alpha-beta model of a ring all-reduce, t = 2(p-1) alpha + 2(p-1)/p n beta,
+to measured times.
 
 What the reference (`cost.fit_alpha_beta`, adapted to return the pair)
 guarantees, and how each property is checked (here in the kernel: the fit
