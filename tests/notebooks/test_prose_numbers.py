@@ -37,10 +37,6 @@ FACTS = {
                "each notebook's words, cells and exercises it rests on)",
         "1.5": "a study time in the course map, estimated as for 2.5",
     },
-    "03_ddp": {
-        "2.5": "the study time, estimated for a newcomer: reading and running "
-               "the cells, and the three exercises",
-    },
     "05_mixed_precision": {
         "32": "fp32 is IEEE 754 binary32, 32 bits",
         "15": "fp16's exponent bias, 01111 (IEEE 754 binary16)",
