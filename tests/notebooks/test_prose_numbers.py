@@ -62,6 +62,10 @@ FACTS = {
         "1.5": "ZeRO-3 moves 1.5 times DDP's communication volume (ZeRO, section 7.2)",
     },
     "10_capstone": {
+        "1024": "the largest world size the step-time exercise's checker tries "
+                "(ddp_teach/exercises/nb10_capstone.py, CASES; test_the_checkable_facts_hold)",
+    },
+    "A3_trusting_the_simulator": {
         "70": "the T4's maximum power, 70 W (NVIDIA T4 Tensor Core GPU datasheet)",
     },
 }
