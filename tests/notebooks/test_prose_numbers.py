@@ -33,6 +33,10 @@ FACTS = {
         "16": "fp16 and bf16 are 16-bit formats; mixed-precision Adam keeps 16 "
               "bytes per parameter (Rajbhandari et al., ZeRO, SC'20, section 3.1)",
     },
+    "04_data_and_sync": {
+        "2.5": "the study time, estimated for a newcomer: reading and running "
+               "the cells, and the three exercises",
+    },
     "05_mixed_precision": {
         "32": "fp32 is IEEE 754 binary32, 32 bits",
         "15": "fp16's exponent bias, 01111 (IEEE 754 binary16)",
