@@ -50,6 +50,8 @@ FACTS = {
                "technical brief, 2024)",
     },
     "07_launching_at_scale": {
+        "2.5": "the study time, estimated for a newcomer: reading and running "
+               "the cells, and the two exercises",
         "30": "gloo's default timeout, 30 minutes (torch/distributed/constants.py, "
               "default_pg_timeout)",
     },
