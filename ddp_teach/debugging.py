@@ -16,11 +16,13 @@ whose backward's result (in backward) is not finite. torch's own tool for the
 second is `torch.autograd.detect_anomaly()`, which names the backward
 operation; this one names the module, and costs one check per layer.
 
-A hang is found with torch's flight recorder: with TORCH_FR_BUFFER_SIZE=N
-set before the process group starts, every rank keeps its last N
-collectives (operation, sequence number, sizes, state). `flight_record`
-reads this rank's; side by side, the first sequence number at which ranks
-disagree is the bug.
+A hang is found with torch's flight recorder, which is on by default: every
+process keeps a ring buffer of its last collectives (operation, sequence
+number, sizes, state), 2000 of them unless TORCH_FR_BUFFER_SIZE, read when
+the first process group starts, says otherwise (a smaller number keeps
+fewer, 0 turns the recorder off): FlightRecorder.hpp in torch/csrc/
+distributed/c10d. `flight_record` reads this rank's; side by side, the
+first sequence number at which ranks disagree is the bug.
 """
 import hashlib
 import json
@@ -202,9 +204,12 @@ def flight_record() -> list:
     """This rank's flight recorder entries, oldest first, each a dict with
     `seq` (the collective's number in its group), `op` ("gloo:all_reduce"),
     `sizes` (the input tensors' shapes) and `state` ("scheduled",
-    "started", "completed"). Empty unless TORCH_FR_BUFFER_SIZE was set
-    before the process group was created. torch writes the same record to
-    files itself when an nccl collective times out
+    "started", "completed"; gloo records no start or end events, so its
+    entries stay "scheduled"). The recorder is on by default and keeps the
+    last 2000 entries; TORCH_FR_BUFFER_SIZE, set before the first process
+    group is created, changes that number, and 0 turns it off (the list is
+    then empty): FlightRecorder.hpp, `max_entries_`. torch writes the same
+    record to files itself when an nccl collective times out
     (TORCH_NCCL_DUMP_ON_TIMEOUT=1); this reads it on demand, for gloo too,
     from torch's own dump (torch/csrc/distributed/c10d/FlightRecorder)."""
     from torch._C._distributed_c10d import _dump_fr_trace_json

@@ -1,4 +1,5 @@
-"""Tests for ddp_teach.debugging: replicas that drift, and where a NaN began.
+"""Tests for ddp_teach.debugging: replicas that drift, where a NaN began,
+and what the flight recorder holds.
 
 Each helper is run on real ranks with a bug planted the way learners meet
 it (no initial broadcast, BatchNorm statistics kept per rank, one rank's
@@ -10,7 +11,8 @@ from torch import nn
 
 import ddp_teach as dt
 from ddp_teach.debugging import (FirstNonFinite, Mismatch, ReplicaWatch,
-                                 compare_replicas, fingerprint, nonfinite_ranks)
+                                 compare_replicas, fingerprint, flight_record,
+                                 nonfinite_ranks)
 
 RUN_TIMEOUT = 60.0
 
@@ -126,3 +128,25 @@ def test_the_probe_names_the_first_layer_whose_output_is_not_finite(poisoned, ex
     with FirstNonFinite(model) as probe:
         model(torch.ones(1, 2))
     assert probe.forward == expected
+
+
+def recorded_collectives(rank, world_size):
+    """Three all-reduces and a broadcast, then this rank's flight record."""
+    for _ in range(3):
+        torch.distributed.all_reduce(torch.ones(4))
+    torch.distributed.broadcast(torch.ones(2), src=0)
+    return [(entry["seq"], entry["op"]) for entry in flight_record()]
+
+
+@pytest.mark.parametrize("size, kept", [(None, 5), ("3", 3), ("0", 0)])
+def test_the_flight_recorder_is_on_by_default_and_its_size_only_shrinks_it(
+        size, kept, monkeypatch):
+    """No TORCH_FR_BUFFER_SIZE: every collective is recorded (dt.run's
+    warm-up all-reduce is the first); a size keeps the last ones; 0 none."""
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    env = {} if size is None else {"TORCH_FR_BUFFER_SIZE": size}
+    records = dt.run(recorded_collectives, 2, backend="gloo", env=env,
+                     timeout=RUN_TIMEOUT)
+    everything = [(seq, "gloo:all_reduce") for seq in (1, 2, 3, 4)] + [(5, "gloo:broadcast")]
+    assert records[0] == records[1] == everything[len(everything) - kept:]

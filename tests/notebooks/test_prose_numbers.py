@@ -37,6 +37,10 @@ FACTS = {
                "each notebook's words, cells and exercises it rests on)",
         "1.5": "a study time in the course map, estimated as for 2.5",
     },
+    "04_data_and_sync": {
+        "2.5": "the study time, estimated for a newcomer: reading and running "
+               "the cells, and the three exercises",
+    },
     "05_mixed_precision": {
         "32": "fp32 is IEEE 754 binary32, 32 bits",
         "15": "fp16's exponent bias, 01111 (IEEE 754 binary16)",
@@ -45,6 +49,9 @@ FACTS = {
         "12": "bytes per parameter of fp32 master weights and Adam's two moments "
               "(ZeRO, section 3.1: K = 12)",
         "7.5": "the 7.5-billion-parameter model of ZeRO's Table 1",
+        "141": "the H200's memory, 141 GB (NVIDIA H200 Tensor Core GPU datasheet)",
+        "192": "the B200's memory, 192 GB of HBM3e (NVIDIA Blackwell architecture "
+               "technical brief, 2024)",
     },
     "06_sharding": {
         "80": "the calculator's reference device, 80 GB (dt.widgets.zero_calculator's "
@@ -55,6 +62,8 @@ FACTS = {
                "GPT-like stack is sized after (Rajbhandari et al., ZeRO, SC'20)",
     },
     "07_launching_at_scale": {
+        "2.5": "the study time, estimated for a newcomer: reading and running "
+               "the cells, and the two exercises",
         "30": "gloo's default timeout, 30 minutes (torch/distributed/constants.py, "
               "default_pg_timeout)",
     },
