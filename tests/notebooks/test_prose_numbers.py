@@ -37,10 +37,6 @@ FACTS = {
                "each notebook's words, cells and exercises it rests on)",
         "1.5": "a study time in the course map, estimated as for 2.5",
     },
-    "04_data_and_sync": {
-        "2.5": "the study time, estimated for a newcomer: reading and running "
-               "the cells, and the three exercises",
-    },
     "05_mixed_precision": {
         "32": "fp32 is IEEE 754 binary32, 32 bits",
         "15": "fp16's exponent bias, 01111 (IEEE 754 binary16)",
@@ -62,8 +58,6 @@ FACTS = {
                "GPT-like stack is sized after (Rajbhandari et al., ZeRO, SC'20)",
     },
     "07_launching_at_scale": {
-        "2.5": "the study time, estimated for a newcomer: reading and running "
-               "the cells, and the two exercises",
         "30": "gloo's default timeout, 30 minutes (torch/distributed/constants.py, "
               "default_pg_timeout)",
     },

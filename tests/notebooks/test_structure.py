@@ -8,12 +8,15 @@ table and the welcome notebook's course map list it, so that a new notebook
 cannot be forgotten there.
 """
 import re
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import notebook_stats  # noqa: E402  (tools/ is not a package)
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9A][0-9]_*.ipynb"))
 
 
@@ -59,3 +62,26 @@ def test_the_welcome_notebooks_course_map_lists_every_notebook():
     text = "\n".join(cell.source for cell in welcome.cells if cell.cell_type == "markdown")
     listed = re.findall(r"^\| `([\dA]\d_\w+)` \|", text, re.MULTILINE)
     assert listed == [path.stem for path in NOTEBOOKS]
+
+
+# The learner's cells carry the lesson; the course's own proofs (the asserts
+# that let CI check what the prose says) sit in collapsed cells tagged
+# `check`. A learner reads at most this many asserts in a notebook, each one
+# a statement meant for them.
+VISIBLE_ASSERTS = 5
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_courses_checks_are_out_of_the_learners_way(path):
+    nb = nbformat.read(path, as_version=4)
+    assert notebook_stats.visible_asserts(nb) <= VISIBLE_ASSERTS, (
+        f"{path.name}: {notebook_stats.visible_asserts(nb)} asserts in cells the "
+        f"learner reads (at most {VISIBLE_ASSERTS}): move the course's checks into "
+        "a code cell tagged `check` with metadata.jupyter.source_hidden")
+    for cell in nb.cells:
+        tagged = "check" in cell.metadata.get("tags", [])
+        if tagged or cell.metadata.get("jupyter", {}).get("source_hidden"):
+            assert cell.cell_type == "code" and notebook_stats.is_check(cell), cell.source[:80]
+            assert cell.source.startswith("# Check: "), (
+                f"{path.name}: a check cell says first what it proves: {cell.source[:80]!r}")
+            assert "assert" in cell.source, cell.source[:80]
