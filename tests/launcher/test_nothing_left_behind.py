@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -81,6 +82,37 @@ def test_a_child_holding_the_ranks_output_does_not_hold_back_the_results():
         result = dt.run(returns_while_children_hold_its_output, 2, timeout=10)
     assert result == [0, 1]  # before: WorkerTimeout after 10 s, results lost
     assert running(["sleep", "41.373"]) == []
+
+
+def hand_over_output(rank, world_size, address):
+    """Give fds 1 and 2 to a process outside the rank's tree (this test's)."""
+    with socket.socket(socket.AF_UNIX) as holder:
+        holder.connect(address)
+        socket.send_fds(holder, [b"fds"], [1, 2])
+    return rank
+
+
+def test_output_held_open_by_a_process_out_of_reach_does_not_hold_back_results(
+        tmp_path):
+    """What the kernel does where the server cannot end everything (macOS
+    has no subreapers): a moment after the rank exited, it stops reading."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "holder"))
+    listener.listen()
+    held = []
+    try:
+        with pytest.warns(RuntimeWarning, match="still held its output open"):
+            result = dt.run(hand_over_output, 1, args=(str(tmp_path / "holder"),),
+                            timeout=20)
+            connection, _ = listener.accept()  # queued: the rank connected
+            held += socket.recv_fds(connection, 3, 2)[1]
+            connection.close()
+        assert result == [0]  # before: WorkerTimeout after 20 s
+        assert len(held) == 2
+    finally:
+        for fd in held:
+            os.close(fd)
+        listener.close()
 
 
 def test_a_line_without_newlines_is_held_in_memory_bounded_by_the_cell(tmp_path):
