@@ -62,8 +62,10 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
 
     Each worker has the default process group initialised (and destroyed
     afterwards). Returns a `RunResult`; raises `WorkerError` when a rank fails
-    and `WorkerTimeout` after `timeout` seconds. `debug=True` sets
-    TORCH_DISTRIBUTED_DEBUG=DETAIL, which names mismatched collectives.
+    and `WorkerTimeout` after `timeout` seconds (at most a week). Processes
+    `fn` starts end with its rank; a RuntimeWarning names those it left
+    running. `debug=True` sets TORCH_DISTRIBUTED_DEBUG=DETAIL, which names
+    mismatched collectives (`env=` can set INFO instead).
     `env` is set in every worker; a variable torch reads only at import
     (TORCH_CPP_LOG_LEVEL, TORCH_SHOW_CPP_STACKTRACES, TORCH_LOGS) restarts
     the fork server so that it takes effect. `trace=True` records every

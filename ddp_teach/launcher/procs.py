@@ -18,17 +18,18 @@ All of it is POSIX (fork, process groups, signals, descriptors passed over
 a Unix socket): native Windows has none of it, so the launchers refuse to
 start there (`require_posix`), and nothing here runs at import.
 """
-import contextlib
 import ctypes
 import os
 import signal
 import sys
+import time
 
 import psutil
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 STRAY_ROUNDS = 100  # a stray's own children are adopted when it dies: rounds
+STRAY_REAP_S = 2.0  # a killed process is dead in milliseconds
 
 
 def require_posix(what: str) -> None:
@@ -95,10 +96,25 @@ def end_strays(keep: set[int], group: int | None = None) -> list[str]:
             return ended
         for stray in strays:
             kill_group(stray.pid)
-        for stray in strays:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(stray.pid, 0)
+        if not _reap({stray.pid for stray in strays}):
+            break  # another user's process (sudo, say): reaped when it ends
     return ended
+
+
+def _reap(pids: set[int]) -> bool:
+    """Reap these children once they are dead; False if some outlived
+    STRAY_REAP_S (a kill it had no permission for), so nothing blocks."""
+    until = time.monotonic() + STRAY_REAP_S
+    while pids and time.monotonic() < until:
+        for pid in list(pids):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # already reaped
+                done = pid
+            if done:
+                pids.discard(pid)
+        time.sleep(0.005 if pids else 0)
+    return not pids
 
 
 def describe(process) -> str | None:
