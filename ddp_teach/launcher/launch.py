@@ -184,11 +184,12 @@ def kernel_store(timeout):
     """The rendezvous store, served by the kernel on a socket bound to
     127.0.0.1 (TCPStore alone would listen on every interface)."""
     import torch.distributed as dist
+    store_timeout = timedelta(seconds=timeout + PG_TIMEOUT_MARGIN_S)  # before
     listener = socket.create_server(("127.0.0.1", 0), backlog=MAX_WORLD_SIZE)
-    port = listener.getsockname()[1]
+    port = listener.getsockname()[1]  # the socket, so that no error leaks it
     store = dist.TCPStore("127.0.0.1", port, is_master=True,
                           wait_for_workers=False, master_listen_fd=listener.detach(),
-                          timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN_S))
+                          timeout=store_timeout)
     return store, port
 
 

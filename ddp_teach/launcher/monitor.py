@@ -224,8 +224,12 @@ class Monitor:
         # both lists at one moment: a rank that returned while the stacks
         # were written is among the finished, not the running
         live = [r for r in live if not r.reported()]
-        if not live:
-            return  # every rank reported meanwhile: the loop decides
+        if not live:  # every rank reported meanwhile: its results are kept
+            until = time.monotonic() + REAP_WAIT_S  # once it has exited
+            while time.monotonic() < until and not all(
+                    r.streams_closed() for r in self.ranks):
+                self._pump(0.05)
+            return  # the loop returns them, or reports the failure
         finished = [r.rank for r in self.ranks if r.reported()]
         self._stop_all()
         frames = {r.rank: errors.parse_stack(_read_text(self.stack_files[r.rank]))
