@@ -253,7 +253,12 @@ def _require_same_numel(tensor: torch.Tensor, name: str) -> None:
     about sizes that names neither the function nor the tensor. One all-reduce
     (MAX) of (numel, -numel) gives every rank the largest and the smallest
     count at once. Shapes may differ where the counts agree, as for
-    `dist.all_reduce`: the algorithms see only the flattened tensor."""
+    `dist.all_reduce`: the algorithms see only the flattened tensor.
+    Anything but a tensor is refused first, in words (a list has no numel)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} takes a torch.Tensor, as torch's collectives "
+                        f"do; got a {type(tensor).__name__}. Make one first, "
+                        "e.g. torch.tensor([1.0, 2.0])")
     counts = torch.tensor([tensor.numel(), -tensor.numel()], device=tensor.device)
     with labelled("size check"):
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)

@@ -230,6 +230,11 @@ class DistributedDataParallel(torch.nn.Module):
                  find_unused_parameters: bool = False, *,
                  first_bucket_cap_mb: float = FIRST_BUCKET_CAP_MB):
         super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError("DistributedDataParallel wraps a model (a "
+                            f"torch.nn.Module); got a {type(module).__name__}. "
+                            "Pass the model, e.g. "
+                            "DistributedDataParallel(torch.nn.Linear(4, 2))")
         check_bucket_cap(bucket_cap_mb)
         check_bucket_cap(first_bucket_cap_mb, "first_bucket_cap_mb")
         trainable = _trainable_parameters(module)

@@ -16,6 +16,16 @@ from ddp_teach.launcher.protocol import Failed
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 LAUNCHER_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _COLLECTIVE_FILES = ("torch/distributed/",)
+# Seen on torch 2.13's CPU build: wrapping a model in torch's
+# DistributedDataParallel with TORCH_DISTRIBUTED_DEBUG=DETAIL segfaults in
+# c10d::Logger::set_env_variables (called by set_construction_data_and_log,
+# torch/nn/parallel/distributed.py, _ddp_init_helper), one rank or many.
+DETAIL_CRASH_HINT = (
+    "\nTORCH_DISTRIBUTED_DEBUG=DETAIL was set (debug=True), and torch 2.13's "
+    "DistributedDataParallel crashes this way under DETAIL on this build, "
+    "while it wraps the model. Run without debug=True; "
+    "env={'TORCH_DISTRIBUTED_DEBUG': 'INFO'} names the parameters that "
+    "received no gradient too.")
 
 
 class WorkerError(RuntimeError):
@@ -43,6 +53,9 @@ def failure_message(failures: dict[int, Failed], order: list[int],
     first = order[0]
     info = failures[first]
     lines = [f"rank {first} failed with {info.type}: {_short(info.message)}"]
+    more = info.message.strip().splitlines()[1:]
+    if more and not info.traceback:  # a traceback says it all again
+        lines += ["", *more]
     if info.traceback:
         lines += ["", f"Traceback from rank {first}:", info.traceback.rstrip()]
     if info.last_stderr:
@@ -140,7 +153,8 @@ def timeout_message(timeout: float, stacks: dict[int, str],
         where = (f"inside {in_collective[rank]}()" if in_collective[rank]
                  else "not in a collective")
         lines += ["", f"rank {rank} ({where}), most recent call last:",
-                  stacks[rank] or "  (no Python frames: busy in C code)"]
+                  stacks[rank] or "  (no Python frames: still starting, or busy "
+                                 "in C code)"]
     lines += ["", "Every worker was stopped."]
     return "\n".join(lines)
 

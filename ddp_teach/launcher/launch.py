@@ -13,17 +13,17 @@ free port, so no race and no collision) and hands it to a `TCPStore`; gloo is
 pinned to the loopback interface. Nothing listens on other interfaces.
 """
 import inspect
-import math
 import os
 import pickle
 import socket
 import sys
 import time
+import warnings
 from datetime import timedelta
 
 from ddp_teach.launcher.kernel_server import (fork_server, one_run_at_a_time,
                                                stop_server)
-from ddp_teach.launcher.monitor import Monitor, RankPipes
+from ddp_teach.launcher.monitor import REAP_WAIT_S, Monitor, RankPipes
 from ddp_teach.launcher.output import OutputRouter
 from ddp_teach.launcher.progress_bars import ProgressBars
 from ddp_teach.launcher.pickling import dumps_call
@@ -35,6 +35,9 @@ from ddp_teach.launcher.errors import WorkerError
 
 MAX_WORLD_SIZE = 64
 PG_TIMEOUT_MARGIN_S = 30.0  # the kernel's timeout fires first, with stacks
+# A week: longer than any run in a notebook, and far inside what torch's
+# timeouts hold (timeout=1e10 s fails in TCPStore, 1e15 s overflows timedelta)
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 class RunResult(list):
@@ -59,8 +62,10 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
 
     Each worker has the default process group initialised (and destroyed
     afterwards). Returns a `RunResult`; raises `WorkerError` when a rank fails
-    and `WorkerTimeout` after `timeout` seconds. `debug=True` sets
-    TORCH_DISTRIBUTED_DEBUG=DETAIL, which names mismatched collectives.
+    and `WorkerTimeout` after `timeout` seconds (at most a week). Processes
+    `fn` starts end with its rank; a RuntimeWarning names those it left
+    running. `debug=True` sets TORCH_DISTRIBUTED_DEBUG=DETAIL, which names
+    mismatched collectives (`env=` can set INFO instead).
     `env` is set in every worker; a variable torch reads only at import
     (TORCH_CPP_LOG_LEVEL, TORCH_SHOW_CPP_STACKTRACES, TORCH_LOGS) restarts
     the fork server so that it takes effect. `trace=True` records every
@@ -85,15 +90,18 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
         started = time.perf_counter()
         server = fork_server({**os.environ, **(env or {})})
         run_dir = new_run_dir()
-        store, port = kernel_store(timeout)
-        job = _job(call, world_size, backend, port, timeout, env, debug,
-                   run_dir, trace, network, simulate)
+        store = None
         try:
-            outcomes = _launch_and_watch(server, job, world_size, timeout)
+            store, port = kernel_store(timeout)
+            job = _job(call, world_size, backend, port, timeout, env, debug,
+                       run_dir, trace, network, simulate)
+            outcomes, notes = _launch_and_watch(server, job, world_size, timeout)
         except WorkerError as error:  # raised here for a short traceback: the
             raise error.with_traceback(None) from None  # message has the remote one
         finally:
             del store  # closes the rendezvous socket
+    for note in notes:  # the results stand; what the workers left is said
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
     values = [_unpickle_value(rank, o.value) for rank, o in enumerate(outcomes)]
     timeline = None
     if trace:
@@ -105,25 +113,45 @@ def run(fn, world_size: int = 2, *, args=(), kwargs=None, backend: str = "auto",
 
 
 def _launch_and_watch(server, job, world_size, timeout):
-    pipes = [os.pipe() for _ in range(3 * world_size)]
+    """Start the workers and watch them: (outcomes, notes to warn about).
+
+    One try covers everything from the first pipe on, so an interrupt at
+    any point (even before the monitor takes over) ends the workers and
+    closes every descriptor: the pipes' read ends belong to `reads` until
+    the ranks hold them, and the monitor closes each as it is done."""
+    reads, writes, pids, ranks, router = [], [], [], None, None
     try:
-        pids = server.start_workers(world_size, pickle.dumps(job),
-                                    [w for _, w in pipes])
+        for _ in range(3 * world_size):
+            r, w = os.pipe()
+            reads.append(r)
+            writes.append(w)
+        try:
+            pids = server.start_workers(world_size, pickle.dumps(job), writes,
+                                        timeout)
+        except BaseException:
+            stop_server()  # a server that failed mid-request is not trusted again
+            raise
+        finally:
+            while writes:
+                os.close(writes.pop())
+        ranks = [RankPipes(rank, pid, *reads[3 * rank:3 * rank + 3])
+                 for rank, pid in enumerate(pids)]
+        router = OutputRouter(world_size, job.run_dir, sys.stdout, sys.stderr,
+                              progress=ProgressBars(world_size, sys.stdout))
+        monitor = Monitor(server, ranks, router, timeout, job.stack_files,
+                          job.env.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL")
+        return monitor.wait(), monitor.notes
     except BaseException:
-        stop_server()  # a server that failed mid-request is not trusted again
-        for r, _ in pipes:
-            os.close(r)
+        server.end_workers(pids, wait_s=REAP_WAIT_S)  # if the monitor did not
         raise
     finally:
-        for _, w in pipes:
-            os.close(w)
-    ranks = [RankPipes(rank, pid, *(pipes[3 * rank + i][0] for i in range(3)))
-             for rank, pid in enumerate(pids)]
-    router = OutputRouter(world_size, job.run_dir, sys.stdout, sys.stderr,
-                          progress=ProgressBars(world_size, sys.stdout))
-    try:
-        return Monitor(server, ranks, router, timeout, job.stack_files).wait()
-    finally:
+        for fd in (reads if ranks is None else
+                   [fd for rank in ranks for fd in rank.open_fds]):
+            os.close(fd)
+        for rank in ranks or []:
+            rank.open_fds.clear()
+        if router is not None:
+            router.finish()  # closes the logs (again, if the monitor did)
         server.forget(pids)
 
 
@@ -143,7 +171,7 @@ def _job(call, world_size, backend, port, timeout, env, debug, run_dir, trace,
     return Job(call=call, world_size=world_size, backend=backend, port=port,
                pg_timeout_s=timeout + PG_TIMEOUT_MARGIN_S, env=worker_env,
                cwd=os.getcwd(), sys_path=list(sys.path), threads=threads,
-               debug=debug, run_dir=run_dir, cell_sources=_cell_sources(call),
+               run_dir=run_dir, cell_sources=_cell_sources(call),
                stack_files=[os.path.join(run_dir, f"rank{r}.stack")
                             for r in range(world_size)],
                trace=bool(trace),
@@ -156,11 +184,12 @@ def kernel_store(timeout):
     """The rendezvous store, served by the kernel on a socket bound to
     127.0.0.1 (TCPStore alone would listen on every interface)."""
     import torch.distributed as dist
+    store_timeout = timedelta(seconds=timeout + PG_TIMEOUT_MARGIN_S)  # before
     listener = socket.create_server(("127.0.0.1", 0), backlog=MAX_WORLD_SIZE)
-    port = listener.getsockname()[1]
+    port = listener.getsockname()[1]  # the socket, so that no error leaks it
     store = dist.TCPStore("127.0.0.1", port, is_master=True,
                           wait_for_workers=False, master_listen_fd=listener.detach(),
-                          timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN_S))
+                          timeout=store_timeout)
     return store, port
 
 
@@ -232,9 +261,11 @@ def _check_inputs(fn, world_size, args, kwargs, timeout, env) -> None:
                          f"{world_size}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds; got {timeout!r}")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout must be a positive, finite number of "
-                         f"seconds; got {timeout!r}")
+    if not (0 < timeout <= MAX_TIMEOUT_S):  # NaN fails this too
+        raise ValueError(f"timeout must be a number of seconds above 0 and at "
+                         f"most {MAX_TIMEOUT_S:,.0f} (a week); got {timeout!r}. "
+                         f"For a run with no practical limit pass "
+                         f"timeout={MAX_TIMEOUT_S:.0f}.")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple of extra positional arguments; "
                         f"got a {type(args).__name__} (for one argument write "

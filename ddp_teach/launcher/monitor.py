@@ -8,6 +8,12 @@ other ranks' errors are collected; then the rest are killed. At the timeout
 every live rank is asked for its Python stack (`faulthandler` on SIGUSR1, which
 works even inside a blocking C++ collective), then killed. In every case, an
 interrupt included, no worker outlives `wait()`.
+
+A rank's output pipes close when its process and everything it started have
+ended; the fork server ends what a rank left running before it reports the
+rank's exit. Where something escaped it anyway (on macOS, a process in a
+session of its own), the kernel stops reading that rank's output a moment
+after the rank exited, so results are never held back by a pipe.
 """
 import os
 import selectors
@@ -15,7 +21,7 @@ import signal
 import time
 
 from ddp_teach.launcher import errors
-from ddp_teach.launcher.forkserver import EXIT_LAUNCHER_BUG
+from ddp_teach.launcher.forkserver import EXIT_LAUNCHER_BUG, EXIT_RESULT_PIPE_LOST
 from ddp_teach.launcher.procs import kill_group, signal_quietly
 from ddp_teach.launcher.protocol import Failed
 from ddp_teach.launcher.wire import MessageBuffer
@@ -23,6 +29,7 @@ from ddp_teach.launcher.wire import MessageBuffer
 FAILURE_GRACE_S = 1.0   # time for other ranks' errors to arrive after the first
 STACK_WAIT_S = 1.0      # time for hung ranks to write their stacks
 REAP_WAIT_S = 3.0       # time for killed workers to be reaped
+LATE_OUTPUT_GRACE_S = 1.0  # a rank that exited: time for its pipes to close
 
 
 class RankPipes:
@@ -35,6 +42,7 @@ class RankPipes:
         self.outcome = None       # the worker's message: value or error
         self.failed_at = None     # when the kernel learnt it failed (monotonic)
         self.failed_wall = None   # when it failed (wall clock, shared by ranks)
+        self.exited_at = None     # when the kernel learnt its process exited
 
     def streams_closed(self) -> bool:
         return not any(kind != "result" for kind in self.open_fds.values())
@@ -45,19 +53,22 @@ class RankPipes:
 
 class Monitor:
     def __init__(self, server, ranks: list[RankPipes], router, timeout: float,
-                 stack_files: list[str]):
+                 stack_files: list[str], debug_detail: bool = False):
         self.server, self.ranks, self.router = server, ranks, router
         self.timeout, self.stack_files = timeout, stack_files
+        self.debug_detail = debug_detail  # TORCH_DISTRIBUTED_DEBUG=DETAIL
+        self.notes: list[str] = []  # what a successful run should warn about
         self.started = time.monotonic()
-        self.selector = selectors.DefaultSelector()  # no FD_SETSIZE limit
-        self.selector.register(server.sock, selectors.EVENT_READ, None)
-        for rank in ranks:
-            for fd in rank.open_fds:
-                self.selector.register(fd, selectors.EVENT_READ, rank)
+        self.selector = None  # made by wait(), which closes it
 
     def wait(self) -> list[dict]:
         """Each rank's outcome message, in rank order; raises on failure."""
+        self.selector = selectors.DefaultSelector()  # no FD_SETSIZE limit
         try:
+            self.selector.register(self.server.sock, selectors.EVENT_READ, None)
+            for rank in self.ranks:
+                for fd in rank.open_fds:
+                    self.selector.register(fd, selectors.EVENT_READ, rank)
             return self._loop()
         except BaseException:  # KeyboardInterrupt too: stop everything first
             self._stop_all()
@@ -74,8 +85,14 @@ class Monitor:
         deadline = self.started + self.timeout
         while True:
             failed = [r for r in self.ranks if r.failed_at is not None]
+            if not failed:
+                self._stop_reading_late_output()
             if not failed and all(r.outcome and r.streams_closed() for r in self.ranks):
                 self._await_exits()
+                left = [p for r in self.ranks
+                        for p in self.server.left_running.get(r.pid, [])]
+                if left:
+                    self.notes.append(_left_running_note(left))
                 return [r.outcome for r in self.ranks]
             now = time.monotonic()
             if failed and (now > min(r.failed_at for r in failed) + FAILURE_GRACE_S
@@ -105,6 +122,29 @@ class Monitor:
                 del rank.open_fds[fd]
                 os.close(fd)
 
+    def _stop_reading_late_output(self) -> None:
+        """Close the output pipes of ranks that returned and exited a while
+        ago but whose pipes are still held open by something they started."""
+        now = time.monotonic()
+        for rank in self.ranks:
+            if (rank.streams_closed() or not rank.outcome
+                    or rank.pid not in self.server.exit_codes):
+                continue
+            if rank.exited_at is None:
+                rank.exited_at = now
+            elif now > rank.exited_at + LATE_OUTPUT_GRACE_S:
+                for fd, kind in list(rank.open_fds.items()):
+                    if kind != "result":
+                        self.selector.unregister(fd)
+                        del rank.open_fds[fd]
+                        os.close(fd)
+                        self.router.close(rank.rank, kind)
+                self.notes.append(
+                    f"rank {rank.rank} returned and exited, but a process it "
+                    f"started still held its output open {LATE_OUTPUT_GRACE_S:g} s "
+                    "later (one that left the rank's process group); the run "
+                    "did not wait for it, and what it prints is not shown.")
+
     def _on_result(self, rank: RankPipes, chunk: bytes) -> None:
         for message in rank.buffer.feed(chunk):
             rank.outcome = message
@@ -131,16 +171,25 @@ class Monitor:
                           "ddp_teach's own worker code failed; its traceback "
                           "is in the rank's output above. Please report it.",
                           last_stderr=last_stderr)
+        if code == EXIT_RESULT_PIPE_LOST:
+            return Failed("ResultPipeClosed",
+                          "the function closed file descriptors it had not "
+                          "opened (os.closerange, say), among them the pipe "
+                          "the rank sends its result on, so the result was "
+                          "lost. Close only the descriptors the function "
+                          "opened itself.", last_stderr=last_stderr)
         if code is None:  # the fork server died too: no exit code to read
             how = "ended"
         elif code < 0:
             how = f"was killed by signal {signal.Signals(-code).name}"
         else:
             how = f"exited with code {code}"
-        return Failed("WorkerDied",
-                      f"the process {how} before the function returned "
-                      "(os._exit(), a crash in C/C++ code, the out-of-memory "
-                      "killer, or a kill from outside)", last_stderr=last_stderr)
+        message = (f"the process {how} before the function returned "
+                   "(os._exit(), a crash in C/C++ code, the out-of-memory "
+                   "killer, or a kill from outside)")
+        if code == -signal.SIGSEGV and self.debug_detail:
+            message += errors.DETAIL_CRASH_HINT
+        return Failed("WorkerDied", message, last_stderr=last_stderr)
 
     def _raise_failure(self):
         self._await_last_words([r for r in self.ranks
@@ -169,9 +218,18 @@ class Monitor:
             signal_quietly(rank.pid, signal.SIGUSR1)
         until = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < until and not all(
-                os.path.getsize(self.stack_files[r.rank]) for r in live):
+                r.reported() or _read_text(self.stack_files[r.rank]) for r in live):
             self._pump(0.05)  # keep output flowing while stacks are written
         time.sleep(0.05)  # let a dump that just started finish
+        # both lists at one moment: a rank that returned while the stacks
+        # were written is among the finished, not the running
+        live = [r for r in live if not r.reported()]
+        if not live:  # every rank reported meanwhile: its results are kept
+            until = time.monotonic() + REAP_WAIT_S  # once it has exited
+            while time.monotonic() < until and not all(
+                    r.streams_closed() for r in self.ranks):
+                self._pump(0.05)
+            return  # the loop returns them, or reports the failure
         finished = [r.rank for r in self.ranks if r.reported()]
         self._stop_all()
         frames = {r.rank: errors.parse_stack(_read_text(self.stack_files[r.rank]))
@@ -233,5 +291,22 @@ class Monitor:
 
 
 def _read_text(path: str) -> str:
-    with open(path) as f:
-        return f.read()
+    """A rank's stack file; empty while the rank has not yet created it (a
+    timeout that fires while the workers are still starting)."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def _left_running_note(left: list[str], named: int = 5) -> str:
+    """The warning for processes the ranks left running. Not per rank: when
+    ranks end at the same moment, the server cannot tell whose a process
+    that left its rank's group was."""
+    more = f"; and {len(left) - named} more" if len(left) > named else ""
+    return (f"the function left {len(left)} process"
+            f"{'es' if len(left) > 1 else ''} running when its rank ended, "
+            f"stopped with it: {'; '.join(left[:named])}{more}. Wait for what "
+            "a function starts before it returns (Popen.wait(), or "
+            "subprocess.run).")

@@ -28,7 +28,6 @@ class Job:
     cwd: str
     sys_path: list[str]
     threads: int                # torch threads per rank
-    debug: bool                 # TORCH_DISTRIBUTED_DEBUG=DETAIL
     run_dir: str                # logs and stacks of this run
     cell_sources: dict          # linecache entries of notebook cells
     stack_files: list[str]      # where rank r writes its stack when asked
@@ -59,9 +58,11 @@ class Started:
 @dataclass(frozen=True)
 class Exited:
     """Fork server to kernel: a worker was reaped with this exit code
-    (negative: killed by that signal)."""
+    (negative: killed by that signal), after the server ended the processes
+    it had left running (`left_running`, as "pid 123: sleep 40")."""
     pid: int
     code: int
+    left_running: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Every run gets a fresh folder (made by `mkdtemp`, so only its owner can read
 it) under the system's temporary directory, in a folder per user and per
 kernel. Each kernel prunes only its own old runs, so two notebooks never
-delete each other's live runs.
+delete each other's live runs. A kernel's folder stays while the kernel
+lives, for the learner to read, and is removed when it exits (atexit); the
+folder of one that was killed is removed by the next run of any kernel.
 
 The per-user folder has a name anyone can predict, in a directory everyone
 can write (/tmp). Another local user could make it first, open to all, and
@@ -14,6 +16,7 @@ stack files are created new (never opened through a link) and 0600.
 The per-user runtime directory (XDG_RUNTIME_DIR) is not used: it is a small
 RAM disk on most systems, and twenty runs of a chatty job fill it.
 """
+import atexit
 import os
 import shutil
 import stat
@@ -21,6 +24,7 @@ import tempfile
 from datetime import datetime
 
 KEEP_RUN_DIRS = 20
+_removed_at_exit: set[str] = set()  # kernel folders this process made
 
 
 def new_run_dir() -> str:
@@ -33,6 +37,9 @@ def new_run_dir() -> str:
     base = _private_folder(
         os.path.join(tempfile.gettempdir(), f"ddp_teach-{os.getuid()}"))
     mine = _private_folder(os.path.join(base, f"kernel-{os.getpid()}"))
+    if mine not in _removed_at_exit:
+        _removed_at_exit.add(mine)
+        atexit.register(_remove_at_exit, mine, os.getpid())
     for name in os.listdir(base):
         pid = name.removeprefix("kernel-")
         if pid.isdigit() and not _process_exists(int(pid)):
@@ -42,6 +49,13 @@ def new_run_dir() -> str:
         shutil.rmtree(os.path.join(mine, name), ignore_errors=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")  # sorts by age
     return tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=mine)
+
+
+def _remove_at_exit(folder: str, owner_pid: int) -> None:
+    """Remove a kernel's folder as the kernel exits; a forked child of the
+    kernel inherits this handler and must leave the folder alone."""
+    if os.getpid() == owner_pid:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def create_private_file(path: str) -> int:

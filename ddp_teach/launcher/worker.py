@@ -21,7 +21,8 @@ from datetime import timedelta
 
 from ddp_teach.launcher import wire
 from ddp_teach.launcher.errors import is_launcher_file
-from ddp_teach.launcher.procs import set_parent_death_signal
+from ddp_teach.launcher.forkserver import EXIT_RESULT_PIPE_LOST
+from ddp_teach.launcher.procs import become_subreaper, set_parent_death_signal
 from ddp_teach.launcher.progress_bars import report_to_kernel
 from ddp_teach.launcher.protocol import Failed, Job, Returned
 from ddp_teach.launcher.rundirs import create_private_file
@@ -75,10 +76,16 @@ def _encode_value(value, rank: int, events: list) -> Returned | Failed:
     import cloudpickle
     import torch
     from torch.utils._pytree import tree_map
-    value = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor)
-                     and x.is_cuda else x, value)
     try:
+        value = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor)
+                         and x.is_cuda else x, value)
         return Returned(cloudpickle.dumps(value), events)
+    except RecursionError:  # its traceback would be thousands of frames
+        return Failed("UnpicklableReturnValue",
+                      f"rank {rank} returned a {type(value).__name__} nested "
+                      "too deeply to be pickled, so it cannot be sent back to "
+                      "the notebook (RecursionError). Return a flatter value: "
+                      "a list of items, or a tensor.", at=time.time())
     except Exception as exc:  # reported to the learner as this rank's failure
         return Failed("UnpicklableReturnValue",
                       f"rank {rank} returned a {type(value).__name__}, which "
@@ -86,12 +93,22 @@ def _encode_value(value, rank: int, events: list) -> Returned | Failed:
                       "plain values or tensors instead.", at=time.time())
 
 
+def _same_file(fd: int, identity: tuple[int, int]) -> bool:
+    """True when fd is still open on the file it was opened on."""
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) == identity
+
+
 def _init_process_group(job: Job, rank: int):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(job.threads)
-    if job.debug:
-        dist.set_debug_level_from_env()
+    # torch read TORCH_DISTRIBUTED_DEBUG when the fork server imported it;
+    # the run's own value (debug=True, or env=) is read again here
+    dist.set_debug_level_from_env()
     store = dist.TCPStore("127.0.0.1", job.port, is_master=False,
                           timeout=timedelta(seconds=job.pg_timeout_s))
     device_id = None
@@ -152,15 +169,21 @@ def main(rank: int, fds: list[int], job_bytes: bytes) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     set_parent_death_signal()
+    become_subreaper()  # what the function starts stays below this rank
     _take_over_output(stdout_fd, stderr_fd)
+    result_pipe = os.fstat(result_fd)
     job = pickle.loads(job_bytes)
     outcome = _run(rank, job)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(OSError):  # the function may have closed them
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if not _same_file(result_fd, (result_pipe.st_dev, result_pipe.st_ino)):
+        os._exit(EXIT_RESULT_PIPE_LOST)  # the kernel says so (`monitor`)
     wire.write_message(result_fd, outcome)  # before teardown, which may block
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(0 if isinstance(outcome, Returned) else EXIT_FAILED)

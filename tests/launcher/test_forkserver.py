@@ -78,7 +78,7 @@ def kill_and_wait_for_zombie(server) -> None:
 def test_sending_to_a_dead_server_says_it_died(dead_server):
     kill_and_wait_for_zombie(dead_server)
     with pytest.raises(ConnectionError, match="worker server .* died"):
-        dead_server.start_workers(1, b"job", [])
+        dead_server.start_workers(1, b"job", [], timeout_s=5)
 
 
 def test_a_server_that_died_with_unread_requests_says_it_died(dead_server):
