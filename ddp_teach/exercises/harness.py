@@ -81,6 +81,15 @@ class _LandsOnWait:
             return tensors
         return self._work.get_future().then(landed)
 
+    def is_completed(self) -> bool:
+        """As torch's Work: True once the collective is done; then the
+        result is in the caller's tensor (a learner may poll instead of
+        waiting)."""
+        done = self._work.is_completed()
+        if done:
+            self._land()
+        return done
+
     def _land(self):
         for landing, tensor in self._landings:
             tensor.copy_(landing)
@@ -102,6 +111,17 @@ def _all_reduce_landing(all_reduce, tensor, *args, **kwargs):
     landing = tensor.clone()
     work = all_reduce(landing, *args, **kwargs)
     poison(tensor)
+    return _LandsOnWait(work, [(landing, tensor)])
+
+
+def _broadcast_landing(broadcast, tensor, src, *args, **kwargs):
+    """An async broadcast whose result lands at wait(); the source's own
+    tensor is not poisoned (a broadcast only reads it there)."""
+    kwargs["async_op"] = True
+    landing = tensor.clone()
+    work = broadcast(landing, src, *args, **kwargs)
+    if dist.get_rank() != src:  # src is a global rank, as in dist.broadcast
+        poison(tensor)
     return _LandsOnWait(work, [(landing, tensor)])
 
 
@@ -132,13 +152,20 @@ def lands_on_wait():
     copy into the caller's tensor when the work's `wait()` returns (or its
     future completes); the tensor holds poison until then."""
     real_irecv, real_batch = dist.irecv, dist.batch_isend_irecv
-    real_all_reduce = dist.all_reduce
+    real_all_reduce, real_broadcast = dist.all_reduce, dist.broadcast
     irecv = _IrecvLandingOnWait(real_irecv)
 
     def all_reduce(tensor, *args, **kwargs):
         if kwargs.get("async_op"):
             return _all_reduce_landing(real_all_reduce, tensor, *args, **kwargs)
         return real_all_reduce(tensor, *args, **kwargs)
+
+    def broadcast(tensor, src=None, *args, **kwargs):
+        if kwargs.get("async_op") and src is not None:
+            return _broadcast_landing(real_broadcast, tensor, src, *args, **kwargs)
+        if src is None:
+            return real_broadcast(tensor, *args, **kwargs)
+        return real_broadcast(tensor, src, *args, **kwargs)
 
     def batch_isend_irecv(p2p_op_list):
         ops, landings = [], []
@@ -159,12 +186,12 @@ def lands_on_wait():
         return [_LandsOnWait(w, everything) for w in works]
 
     dist.irecv, dist.batch_isend_irecv = irecv, batch_isend_irecv
-    dist.all_reduce = all_reduce
+    dist.all_reduce, dist.broadcast = all_reduce, broadcast
     try:
         yield
     finally:
         dist.irecv, dist.batch_isend_irecv = real_irecv, real_batch
-        dist.all_reduce = real_all_reduce
+        dist.all_reduce, dist.broadcast = real_all_reduce, real_broadcast
 
 
 def attempt(call, *args):
