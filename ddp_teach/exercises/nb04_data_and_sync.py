@@ -23,6 +23,10 @@ reference (`ddp.accumulate`) guarantees:
 
 - exactly one gradient all-reduce per call, made by DDP during the last
   backward (so none by hand);
+- one backward pass per micro-batch (counted by a hook on a weight), the
+  ones before the last inside `no_sync()` (entered at least once): a
+  single backward of the summed losses holds every micro-batch's
+  activations at once, which is what accumulation avoids;
 - the gradients equal the full batch's average over micro-batches and
   ranks (each loss divided by the number of micro-batches);
 - with one micro-batch, that one is the last and is all-reduced;
@@ -172,6 +176,9 @@ def _accumulate_on_ranks(rank, world_size, fn):
             entered[0] += 1
             return real_no_sync()
         model.no_sync = counting_no_sync
+        backwards = [0]  # a gradient of the first weight per backward pass
+        next(model.module.parameters()).register_hook(
+            lambda grad: backwards.__setitem__(0, backwards[0] + 1))
         batches = _micro_batches(rank, count)
         given = list(batches)
         start = now()
@@ -180,6 +187,7 @@ def _accumulate_on_ranks(rank, world_size, fn):
         runs.append({"grads": [None if p.grad is None else p.grad.clone()
                                for p in model.parameters()],
                      "start": start, "end": now(), "no_sync": entered[0],
+                     "backwards": backwards[0],
                      "list_changed": len(batches) != len(given) or any(
                          a is not b for a, b in zip(batches, given))})
     return runs
@@ -246,6 +254,18 @@ def _no_sync_hint(run, count, syncs, by_hand) -> str | None:
     if syncs > 1:
         return (f"the gradients were all-reduced {syncs} times.\nHint: wrap "
                 "every micro-batch but the last in `with model.no_sync():`.")
+    if count > 1 and run["backwards"] != count:
+        return (f"{run['backwards']} backward pass{'es' * (run['backwards'] != 1)} "
+                f"for {count} micro-batches.\nHint: accumulation is one forward "
+                "and one backward per micro-batch: a backward of the summed "
+                "losses gives the same gradient but keeps every micro-batch's "
+                "activations alive at once, which is the memory accumulation "
+                "exists to save. Call backward() once per micro-batch.")
+    if count > 1 and not run["no_sync"]:
+        return ("one all-reduce, but your function never entered no_sync().\n"
+                "Hint: the exercise is DDP's way to skip the all-reduce of the "
+                "micro-batches before the last: run their forward and "
+                "backward inside `with model.no_sync():`.")
     got = run["grads"]
     if _same_grads(got, _expected_grads(2, count)):
         return None
