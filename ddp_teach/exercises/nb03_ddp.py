@@ -26,6 +26,7 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
 
 NOTEBOOK_MODEL = [MIB, 2048] * 6  # notebook 03's six Linear(512, 512): weight, bias
 BUCKET_CASES = [([2, 2, 2, 2, 2, 2], 4, 2),  # exact fits: tells >= from >
+                ([1, 1, 1, 1], 2, 2),  # the first bucket's exact fit
                 ([4, 4, 4, 4], 8, 4), ([100, 200, 300, 400, 500], 450, 150),
                 ([30, 1, 1, 1, 2, 9, 1], 5, 5),  # one larger than the cap
                 ([3 * MIB, MIB, 2 * MIB, MIB // 2, MIB // 2], 25 * MIB, MIB),

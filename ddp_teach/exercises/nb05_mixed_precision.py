@@ -35,6 +35,8 @@ SCALE_CASES = [
     # past fp16's largest (65504) and on: the scale is an fp32 number
     (32768.0, 2.0, 0.5, 1, [False, False, True, False]),
     (2.0 ** 127, 2.0, 0.5, 1, [False, False]),  # growth would pass fp32's max
+    # growth that lands exactly on fp32's largest: finite, so it is kept
+    (float(torch.finfo(torch.float32).max) / 2, 2.0, 0.5, 1, [False]),
 ]
 FP16_MAX = torch.finfo(torch.float16).max
 FP32_MAX = torch.finfo(torch.float32).max

@@ -20,11 +20,13 @@ values (the last batch of an epoch):
 - only at the start, and only that prefix: "module." inside a key
   ("model.module.bias", "model.submodule.weight") stays, a submodule called
   `module` keeps its name ("module.module.weight" -> "module.weight"), and
-  a key without the prefix is kept whole (not cut by 7 characters);
+  a key without the prefix is kept whole (not cut by 7 characters), also
+  one that starts with "module" but not "module." ("module_norm.weight");
 - the prefix removed as a word: `str.lstrip("module.")` removes any of the
   characters m, o, d, u, l, e and "." ("embed.weight" -> "bed.weight").
 """
 import math
+from collections import OrderedDict
 
 import torch
 import torch.distributed as dist
@@ -143,9 +145,13 @@ class _Wrapped(nn.Module):
 
 def _bare_models() -> list:
     """A model to wrap, and one whose own keys have no top-level `module`
-    (a bare state dict with it would look like a DDP one)."""
+    (a bare state dict with it would look like a DDP one), but one that
+    starts with the letters "module" without the dot: `module_norm`."""
     torch.manual_seed(0)
-    return [_Wrapped(), nn.Sequential(nn.Linear(3, 2), _Block(), nn.Linear(1, 3))]
+    bare = nn.Sequential(OrderedDict([("0", nn.Linear(3, 2)), ("1", _Block()),
+                                      ("2", nn.Linear(1, 3)),
+                                      ("module_norm", nn.LayerNorm(3))]))
+    return [_Wrapped(), bare]
 
 
 def _strip_repeatedly(key: str) -> str:
@@ -155,6 +161,10 @@ def _strip_repeatedly(key: str) -> str:
 
 
 PREFIX_MISTAKES = [  # (what the mistake does to a key, the hint that names it)
+    (lambda key: key[len("module."):] if key.startswith("module") else key,
+     "'module_norm.weight' starts with 'module' but not with 'module.', and "
+     "lost its first 7 characters: test the whole prefix, dot included, "
+     "key.startswith('module.'), or use key.removeprefix('module.')."),
     (lambda key: key.lstrip("module."),
      "str.lstrip('module.') removes any of the CHARACTERS m, o, d, u, l, e and "
      "'.' from the left, not the word: 'module.embed.weight' became "

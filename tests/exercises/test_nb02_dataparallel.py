@@ -149,3 +149,40 @@ def test_scatter_hint_for_tensor_split_names_both_sizes(verdict):
 def test_gather_shows_the_values_when_the_shapes_agree(verdict):
     passed, seen = verdict("dp_gather", lambda outputs, target: torch.cat(outputs) * 2)
     assert not passed and "expected [0, 1, 2" in seen and "got [0, 2, 4" in seen, seen
+
+
+# ---- tried as a learner would (issue 34) ----------------------------------------
+
+def gather_ignoring_the_target(outputs, target):
+    """Joins right, but leaves the result where the pieces were."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(outputs)
+    if isinstance(first, dict):
+        return {k: gather_ignoring_the_target([o[k] for o in outputs], target)
+                for k in first}
+    return type(first)(gather_ignoring_the_target(list(c), target) for c in zip(*outputs))
+
+
+def gather_by_recursion_with_map(outputs, target):
+    """Right, in another style: moved first, then joined, a dict rebuilt
+    with a comprehension and sequences with map."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat([o.to(target) for o in outputs], dim=0)
+    if isinstance(first, dict):
+        return type(first)({k: gather_by_recursion_with_map([o[k] for o in outputs],
+                                                            target) for k in first})
+    return type(first)(map(lambda column: gather_by_recursion_with_map(list(column),
+                                                                       target),
+                           zip(*outputs)))
+
+
+def test_a_gather_in_another_style_passes(verdict):
+    passed, seen = verdict("dp_gather", gather_by_recursion_with_map)
+    assert passed, seen
+
+
+PLANTED += [
+    ("dp_gather", gather_ignoring_the_target, ("onto target \"meta\"", ".to(target)")),
+]

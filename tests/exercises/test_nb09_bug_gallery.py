@@ -109,6 +109,38 @@ def copies_the_values_wrongly(state_dict):
             for key, value in state_dict.items()}
 
 
+# tried as a learner would (issue 34)
+
+def prefix_word_without_its_dot(state_dict):
+    """startswith("module") without the dot: cuts 'module_norm.weight'."""
+    return {(key[7:] if key.startswith("module") else key): value
+            for key, value in state_dict.items()}
+
+
+def with_a_regular_expression(state_dict):
+    """Right, in another style: a regular expression anchored at the start."""
+    import re
+    return {re.sub(r"^module\.", "", key, count=1): value
+            for key, value in state_dict.items()}
+
+
+def with_torchs_own_helper(state_dict):
+    """Right, in another style: torch's consume_prefix_in_state_dict_if_present
+    on a copy (it renames in place, so never on the caller's dict)."""
+    from collections import OrderedDict
+
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+    copy = OrderedDict(state_dict)
+    consume_prefix_in_state_dict_if_present(copy, "module.")
+    return dict(copy)
+
+
+def test_strip_prefix_in_other_styles_passes(verdict):
+    for right in (with_a_regular_expression, with_torchs_own_helper):
+        passed, seen = verdict("strip_ddp_prefix", right)
+        assert passed, seen
+
+
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("dataset_mean", mean_of_means, "the mean of the ranks' means"),
     ("dataset_mean", sum_only, "that is the sum over every rank"),
@@ -126,4 +158,6 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("strip_ddp_prefix", strips_every_leading_module, "removed more than once"),
     ("strip_ddp_prefix", renames_in_place, "changed the dict it was given"),
     ("strip_ddp_prefix", copies_the_values_wrongly, "keep each value as it is"),
+    ("strip_ddp_prefix", prefix_word_without_its_dot,
+     ("starts with 'module' but not with 'module.'", "startswith('module.')")),
 ]
