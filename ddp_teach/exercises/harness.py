@@ -33,6 +33,14 @@ DEADLOCK_HINT = ("a blocking dist.send() waits until the receiver takes the "
                  "(or let even ranks send first and odd ranks receive first).")
 
 
+UNWAITED_HINT = (
+    "an async collective (async_op=True) was never waited for, or its "
+    "tensor was read before the wait (the checker holds the result back "
+    "until wait(), and the tensor holds NaN until then). The call returns at "
+    "once and the result may land at any time: call work.wait() before "
+    "reading the tensor, or leave async_op out.")
+
+
 READ_BEFORE_WAIT_HINT = (
     "a received buffer was read before its wait() returned (it still held "
     "the checker's poison value, NaN, or the dtype's smallest integer). A "
@@ -114,6 +122,12 @@ def _all_reduce_landing(all_reduce, tensor, *args, **kwargs):
     return _LandsOnWait(work, [(landing, tensor)])
 
 
+def never_waited(works) -> int:
+    """How many of `works` (what `lands_on_wait` yields) never landed: never
+    waited for, polled to completion, nor their future waited on."""
+    return sum(1 for work in works if work._landings)
+
+
 def _broadcast_landing(broadcast, tensor, src, *args, **kwargs):
     """An async broadcast whose result lands at wait(); the source's own
     tensor is not poisoned (a broadcast only reads it there)."""
@@ -155,14 +169,20 @@ def lands_on_wait():
     real_all_reduce, real_broadcast = dist.all_reduce, dist.broadcast
     irecv = _IrecvLandingOnWait(real_irecv)
 
+    started = []
+
     def all_reduce(tensor, *args, **kwargs):
         if kwargs.get("async_op"):
-            return _all_reduce_landing(real_all_reduce, tensor, *args, **kwargs)
+            started.append(_all_reduce_landing(real_all_reduce, tensor, *args,
+                                               **kwargs))
+            return started[-1]
         return real_all_reduce(tensor, *args, **kwargs)
 
     def broadcast(tensor, src=None, *args, **kwargs):
         if kwargs.get("async_op") and src is not None:
-            return _broadcast_landing(real_broadcast, tensor, src, *args, **kwargs)
+            started.append(_broadcast_landing(real_broadcast, tensor, src, *args,
+                                              **kwargs))
+            return started[-1]
         if src is None:
             return real_broadcast(tensor, *args, **kwargs)
         return real_broadcast(tensor, src, *args, **kwargs)
@@ -188,7 +208,7 @@ def lands_on_wait():
     dist.irecv, dist.batch_isend_irecv = irecv, batch_isend_irecv
     dist.all_reduce, dist.broadcast = all_reduce, broadcast
     try:
-        yield
+        yield started
     finally:
         dist.irecv, dist.batch_isend_irecv = real_irecv, real_batch
         dist.all_reduce, dist.broadcast = real_all_reduce, real_broadcast

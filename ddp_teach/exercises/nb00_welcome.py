@@ -30,24 +30,24 @@ import torch
 
 import math
 
-from ddp_teach.exercises.harness import (attempt, describe_deadlock,
-                                        lands_on_wait, run_learner_code)
-from ddp_teach.exercises.registry import CORRECT, WRONG, Exercise, Verdict, register
+from ddp_teach.exercises.harness import (UNWAITED_HINT, attempt,
+                                        describe_deadlock, lands_on_wait,
+                                        never_waited, run_learner_code)
+from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
+                                         Verdict, register)
 
 CHECK_TIMEOUT_S = 5.0
 WORLD_SIZES = (2, 3, 1)  # the one-rank edge case last: it tells least
 RANK0_B = 100.0
-UNWAITED_HINT = (
-    "a tensor was read before its collective finished (the checker holds an "
-    "async collective's result back until wait(), and the tensor holds NaN "
-    "until then). With async_op=True the call returns at once and the "
-    "result may land at any time: call work.wait() before reading the "
-    "tensor, or leave async_op out.")
+NEVER_WAITED = "an async collective never waited"  # what a rank reports then
 
 
 def _fixed_order_on_ranks(rank, world_size, fn):
-    with lands_on_wait():  # an async collective's result lands at wait()
-        return attempt(fn, rank, world_size)
+    with lands_on_wait() as started:  # an async collective's result lands at wait()
+        returned = attempt(fn, rank, world_size)
+        if never_waited(started) and returned is not NOT_ATTEMPTED:
+            return NEVER_WAITED
+        return returned
 
 
 def _as_number(value):
@@ -124,6 +124,12 @@ def check_fixed_order(fn) -> Verdict:
         if problem:
             return problem
         ranks = f"on {world_size} rank{'s' * (world_size > 1)}"
+        unwaited = [r for r, got in enumerate(results)
+                    if isinstance(got, str) and got == NEVER_WAITED]
+        if unwaited:
+            return Verdict(WRONG, f"{ranks}, rank {unwaited[0]} "
+                           f"started an async collective and never waited for "
+                           f"it.\nHint: {UNWAITED_HINT}")
         pairs = [_pair(returned) for returned in results]
         for rank, (pair, returned) in enumerate(zip(pairs, results)):
             if pair is None:

@@ -1,6 +1,6 @@
 """The checker for notebook 04's first exercise: the indices a rank reads,
 as torch's DistributedSampler gives them (the other two exercises are in
-nb04_data_and_sync.py).
+nb04_data_and_sync.py and nb04_accumulation.py).
 
 The learner's `my_rank_indices(length, num_replicas, rank, shuffle, seed,
 epoch, drop_last)` is called here in the kernel, for every rank of every

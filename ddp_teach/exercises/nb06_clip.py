@@ -30,7 +30,9 @@ the shard not changed in place), so that the hint names the mistake.
 """
 import torch
 
-from ddp_teach.exercises.harness import describe_deadlock, run_learner_code
+from ddp_teach.exercises.harness import (UNWAITED_HINT, describe_deadlock,
+                                        lands_on_wait, never_waited,
+                                        run_learner_code)
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 from ddp_teach.flat import flat_slice, shard_size
@@ -50,6 +52,7 @@ CASES = {
 EMPTY_CASE = ("4 numbers cut as FSDP2 cuts them (rank 2's shard is empty)",
               (lambda: torch.tensor([3.0, -1.0, 2.0, 0.5]), 1.0, "chunk"))
 EMPTY_WORLD_SIZE = 3
+NEVER_WAITED = "an async all-reduce never waited"  # what a rank reports then
 SCALAR_BYTES = 8  # a float64 number: what a rank needs to send per call
 EMPTY_TIMEOUT_S = 8.0  # the reference takes well under a second
 ZERO_NORM_HINT = ("a zero gradient has norm 0, and max_norm / norm divides by "
@@ -85,10 +88,13 @@ def _clip_on_ranks(rank, world_size, fn, cases):
     results = []
     for case in cases:
         shard = _shards(case, world_size)[rank].clone()
-        try:
-            norm = fn(shard, case[1])
-        except NotImplementedError:
-            return NOT_ATTEMPTED
+        with lands_on_wait() as started:  # an async all-reduce lands at wait()
+            try:
+                norm = fn(shard, case[1])
+            except NotImplementedError:
+                return NOT_ATTEMPTED
+            if never_waited(started):
+                return NEVER_WAITED
         results.append((_as_number(norm), repr(norm)[:60], shard))
     return results
 
@@ -154,6 +160,10 @@ def _torch_clip(case, world_size):
 
 
 def _judge(results, cases, names, world_size) -> Verdict | None:
+    if any(isinstance(r, str) and r == NEVER_WAITED for r in results):
+        return Verdict(WRONG, f"on {world_size} rank{'s' * (world_size > 1)}: an "
+                       f"async all-reduce was never waited for.\nHint: "
+                       f"{UNWAITED_HINT}")
     for index, (name, case) in enumerate(zip(names, cases)):
         norm, chunks = _torch_clip(case, world_size)
         for rank, rank_results in enumerate(results):

@@ -12,7 +12,9 @@ values (the last batch of an epoch):
   not a count assumed equal on every rank, not the world size as count);
 - a rank that holds no values is no problem (no 0/0 on it);
 - the same answer on every rank (all_reduce, not reduce to rank 0);
-- the caller's tensor left as it was.
+- the caller's tensor left as it was;
+- an async all-reduce (async_op=True) is waited for: its result lands only
+  at wait() (harness.lands_on_wait), so one never waited fails every time.
 
 `strip_ddp_prefix(state_dict)`, on a DDP state dict and on a bare one:
 - a new dict whose keys lose the leading "module." once, values unchanged,
@@ -32,7 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_teach.exercises.harness import run_learner_code
+from ddp_teach.exercises.harness import (UNWAITED_HINT, lands_on_wait, never_waited,
+                                        run_learner_code)
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
 
@@ -47,11 +50,13 @@ def _local_losses(rank: int, world_size: int) -> torch.Tensor:
 
 def _mean_on_ranks(rank, world_size, fn):
     given = _local_losses(rank, world_size)
-    try:
-        got = fn(given)
-    except NotImplementedError:
-        return NOT_ATTEMPTED
-    return {"mean": float(got),
+    with lands_on_wait() as started:  # an async all-reduce lands at wait()
+        try:
+            got = fn(given)
+        except NotImplementedError:
+            return NOT_ATTEMPTED
+        unwaited = never_waited(started)
+    return {"mean": float(got), "unwaited": unwaited,
             "changed": not torch.equal(given, _local_losses(rank, world_size))}
 
 
@@ -101,6 +106,10 @@ def check_dataset_mean(fn) -> Verdict:
         if problem:
             return problem
         counts = [_local_losses(r, world_size).numel() for r in range(world_size)]
+        if any(seen["unwaited"] for seen in results):
+            return Verdict(WRONG, f"{world_size} ranks holding {counts} values: "
+                           f"an async all-reduce was never waited for.\nHint: "
+                           f"{UNWAITED_HINT}")
         want = torch.cat([_local_losses(r, world_size) for r in range(world_size)]).mean().item()
         for rank, seen in enumerate(results):
             right = math.isclose(seen["mean"], want, rel_tol=1e-5)

@@ -152,7 +152,6 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
                                    "not constants typed in")),
     ("fix_hang", pair_reversed, "you returned (b, a)"),
     ("fix_hang", returns_a_dict, "return the pair (a, b)"),
-    ("fix_hang", async_never_waited, ("before its collective finished",
-                                      "work.wait()")),
-    ("fix_hang", async_broadcast_never_waited, "before its collective finished"),
+    ("fix_hang", async_never_waited, ("never waited for it", "work.wait()")),
+    ("fix_hang", async_broadcast_never_waited, "never waited for it"),
 ]

@@ -114,6 +114,14 @@ def norm_of_a_vector_of_norms(shard_grad, max_norm):
     return norm
 
 
+def unwaited_all_reduce(shard_grad, max_norm):
+    total = shard_grad.square().sum()
+    dist.all_reduce(total, async_op=True)
+    norm = total.sqrt()
+    shard_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return norm
+
+
 def test_clipping_in_other_styles_passes(verdict):
     for right in (gathers_the_sums_of_squares, norm_of_a_vector_of_norms):
         passed, seen = verdict("sharded_clip", right)
@@ -132,4 +140,5 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("sharded_clip", skips_an_empty_shard, ("rank 2", "must still join the all-reduce")),
     ("sharded_clip", gathers_every_shard, ("bytes to collectives",
                                            "gathering the shards")),
+    ("sharded_clip", unwaited_all_reduce, ("never waited for", "work.wait()")),
 ]

@@ -135,6 +135,26 @@ def with_torchs_own_helper(state_dict):
     return dict(copy)
 
 
+def mean_with_an_unwaited_all_reduce(local_losses):
+    """Right when the all-reduce happens to land before it is read."""
+    both = torch.stack([local_losses.sum(), torch.tensor(float(local_losses.numel()))])
+    dist.all_reduce(both, async_op=True)
+    return both[0] / both[1]
+
+
+def mean_with_a_waited_all_reduce(local_losses):
+    """Right, in another style: async, waited, float64."""
+    both = torch.tensor([local_losses.double().sum().item(), local_losses.numel()],
+                        dtype=torch.float64)
+    dist.all_reduce(both, async_op=True).wait()
+    return (both[0] / both[1]).item()
+
+
+def test_a_waited_async_mean_passes(verdict):
+    passed, seen = verdict("dataset_mean", mean_with_a_waited_all_reduce)
+    assert passed, seen
+
+
 def test_strip_prefix_in_other_styles_passes(verdict):
     for right in (with_a_regular_expression, with_torchs_own_helper):
         passed, seen = verdict("strip_ddp_prefix", right)
@@ -160,4 +180,6 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("strip_ddp_prefix", copies_the_values_wrongly, "keep each value as it is"),
     ("strip_ddp_prefix", prefix_word_without_its_dot,
      ("starts with 'module' but not with 'module.'", "startswith('module.')")),
+    ("dataset_mean", mean_with_an_unwaited_all_reduce, ("never waited for",
+                                                        "work.wait()")),
 ]

@@ -1,4 +1,4 @@
-"""Notebook 04's sampler split, tried as a learner would: mistakes nobody
+"""Notebook 04's exercises tried as a learner would: mistakes nobody
 planted at first (PLANTED, run by test_registry.py) and right answers in
 other styles than the reference's."""
 import itertools
@@ -103,7 +103,21 @@ def test_accumulation_in_other_styles_passes(verdict):
         assert passed, seen
 
 
+def stats_with_an_unwaited_all_reduce(x):
+    """Right when the all-reduce happens to land before it is read."""
+    import torch.distributed as dist
+    x = x.double()
+    sums = torch.cat([torch.tensor([float(len(x))]).double(), x.sum(0),
+                      (x * x).sum(0)])
+    dist.all_reduce(sums, async_op=True)
+    count, total, squares = sums[0], sums[1:4], sums[4:]
+    mean = total / count
+    return mean, squares / count - mean ** 2
+
+
 PLANTED += [
+    ("syncbn_stats", stats_with_an_unwaited_all_reduce, ("never waited for",
+                                                         "work.wait()")),
     ("no_sync_accumulation", one_backward_of_the_sum,
      ("1 backward pass for 3 micro-batches", "activations alive at once")),
 ]
