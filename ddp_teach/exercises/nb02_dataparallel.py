@@ -108,7 +108,9 @@ def check_scatter(fn) -> Verdict:
     3. structure: a tuple, list or dict comes back as one of the same type
        (same keys) per piece, and non-tensors go to every piece unchanged;
     4. gradient flow: the pieces stay in the input's autograd graph, so a
-       DataParallel wrapping a layer inside a model passes the gradient on.
+       DataParallel wrapping a layer inside a model passes the gradient on;
+    5. devices: piece d is on devices[d], checked with ["cpu", "meta"]
+       (meta: shapes without values), nested containers included.
     """
     from ddp_teach import dp
     for inputs, n in _scatter_cases():
@@ -126,7 +128,27 @@ def check_scatter(fn) -> Verdict:
         shown = (f"scattering {describe(inputs)} over {n} devices: expected "
                  f"{len(want)} pieces {describe(want)}, got {describe(got)}.")
         return Verdict(WRONG, f"{shown}\nHint: {_scatter_hint(got, want, inputs, n)}")
-    return _scatter_keeps_the_graph(fn)
+    return _scatter_on_the_devices(fn) or _scatter_keeps_the_graph(fn)
+
+
+def _scatter_on_the_devices(fn) -> Verdict | None:
+    """Property 5: each piece on its own device (cpu, then meta)."""
+    batch = torch.arange(20.0).reshape(10, 2)
+    inputs = (batch, {"mask": batch[:, 0] > 4})
+    got, failed = run_here(lambda: fn(inputs, ["cpu", "meta"]))
+    if failed:
+        return failed
+    try:
+        where = [[piece[0].device.type, piece[1]["mask"].device.type]
+                 for piece in got]
+    except (TypeError, KeyError, IndexError, AttributeError):
+        where = None
+    if where == [["cpu", "cpu"], ["meta", "meta"]]:
+        return None
+    return Verdict(WRONG, f"scattering {describe(inputs)} over devices [\"cpu\", "
+                   f"\"meta\"]: piece d must be on devices[d], got {describe(got)}"
+                   f" on {where}.\nHint: move each piece to its device, "
+                   "piece.to(device), at every level of the structure.")
 
 
 def _scatter_hint(got, want, inputs, n) -> str:

@@ -178,6 +178,34 @@ def gather_by_recursion_with_map(outputs, target):
                            zip(*outputs)))
 
 
+def scatter_left_on_the_cpu(inputs, devices):
+    """Cuts right, but never moves a piece to its device."""
+    return dp.scatter(inputs, ["cpu"] * len(devices))
+
+
+def scatter_with_tensor_split_and_zip(inputs, devices):
+    """Right, in another style: pieces of ceil(rows / n) rows by split,
+    containers rebuilt by zip, each piece moved as it is made."""
+    n = len(devices)
+    if isinstance(inputs, torch.Tensor):
+        size = -(-len(inputs) // n) if len(inputs) else 1
+        return [piece.to(device) for piece, device
+                in zip(inputs.split(size), devices)]
+    if isinstance(inputs, (tuple, list)) and inputs:
+        columns = [scatter_with_tensor_split_and_zip(item, devices) for item in inputs]
+        return [type(inputs)(row) for row in zip(*columns)]
+    if isinstance(inputs, dict) and inputs:
+        columns = {k: scatter_with_tensor_split_and_zip(v, devices)
+                   for k, v in inputs.items()}
+        return [type(inputs)(zip(columns, row)) for row in zip(*columns.values())]
+    return [inputs for _ in devices]
+
+
+def test_a_scatter_in_another_style_passes(verdict):
+    passed, seen = verdict("dp_scatter", scatter_with_tensor_split_and_zip)
+    assert passed, seen
+
+
 def test_a_gather_in_another_style_passes(verdict):
     passed, seen = verdict("dp_gather", gather_by_recursion_with_map)
     assert passed, seen
@@ -185,4 +213,5 @@ def test_a_gather_in_another_style_passes(verdict):
 
 PLANTED += [
     ("dp_gather", gather_ignoring_the_target, ("onto target \"meta\"", ".to(target)")),
+    ("dp_scatter", scatter_left_on_the_cpu, ("must be on devices[d]", "piece.to(device)")),
 ]
