@@ -167,6 +167,7 @@ def lands_on_wait():
     future completes); the tensor holds poison until then."""
     real_irecv, real_batch = dist.irecv, dist.batch_isend_irecv
     real_all_reduce, real_broadcast = dist.all_reduce, dist.broadcast
+    real_all_gather = dist.all_gather
     irecv = _IrecvLandingOnWait(real_irecv)
 
     started = []
@@ -177,6 +178,16 @@ def lands_on_wait():
                                                **kwargs))
             return started[-1]
         return real_all_reduce(tensor, *args, **kwargs)
+
+    def all_gather(tensor_list, tensor, *args, **kwargs):
+        if not kwargs.get("async_op"):
+            return real_all_gather(tensor_list, tensor, *args, **kwargs)
+        landings = [slot.clone() for slot in tensor_list]
+        work = real_all_gather(landings, tensor, *args, **kwargs)
+        for slot in tensor_list:
+            poison(slot)
+        started.append(_LandsOnWait(work, list(zip(landings, tensor_list))))
+        return started[-1]
 
     def broadcast(tensor, src=None, *args, **kwargs):
         if kwargs.get("async_op") and src is not None:
@@ -207,9 +218,11 @@ def lands_on_wait():
 
     dist.irecv, dist.batch_isend_irecv = irecv, batch_isend_irecv
     dist.all_reduce, dist.broadcast = all_reduce, broadcast
+    dist.all_gather = all_gather
     try:
         yield started
     finally:
+        dist.all_gather = real_all_gather
         dist.irecv, dist.batch_isend_irecv = real_irecv, real_batch
         dist.all_reduce, dist.broadcast = real_all_reduce, real_broadcast
 

@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_teach.exercises.harness import run_learner_code
+from ddp_teach.exercises.harness import (UNWAITED_HINT, lands_on_wait, never_waited,
+                                        run_learner_code)
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG,
                                          Exercise, Verdict, register)
 
@@ -88,12 +89,15 @@ def _differing_on_ranks(rank, world_size, fn):
     hashed, real_hash = [], builtins.hash
     builtins.hash = _per_process_hash(rank, hashed)
     try:
-        got = fn(_replica(rank))
+        with lands_on_wait() as started:  # async collectives land at wait()
+            got = fn(_replica(rank))
+            unwaited = never_waited(started)
     except NotImplementedError:
         return NOT_ATTEMPTED
     finally:
         builtins.hash = real_hash
-    return {"names": list(got), "hashed": sorted(set(hashed))}
+    return {"names": list(got), "hashed": sorted(set(hashed)),
+            "unwaited": unwaited}
 
 
 def _differing_hint(results: list, world_size: int) -> str:
@@ -146,6 +150,9 @@ def check_differing_tensors(fn) -> Verdict:
         runs, problem = run_learner_code(_differing_on_ranks, world_size, fn)
         if problem:
             return problem
+        if any(run["unwaited"] for run in runs):
+            return Verdict(WRONG, f"on {world_size} ranks an async collective "
+                           f"was never waited for.\nHint: {UNWAITED_HINT}")
         results = [run["names"] for run in runs]
         hashed = sorted({kind for run in runs for kind in run["hashed"]})
         want = WHERE_THEY_DIFFER[world_size]
@@ -179,6 +186,14 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _nonfinite_on_ranks(rank, world_size, fn):
+    with lands_on_wait() as started:  # async collectives land at wait()
+        seen = _nonfinite_calls(rank, fn)
+        if seen is not NOT_ATTEMPTED:
+            seen["unwaited"] = never_waited(started)
+    return seen
+
+
+def _nonfinite_calls(rank, fn):
     found, reduced, changed = [], set(), False
     real = dist.all_reduce
 
@@ -205,6 +220,9 @@ def check_nonfinite_ranks(fn) -> Verdict:
     results, problem = run_learner_code(_nonfinite_on_ranks, 3, fn)
     if problem:
         return problem
+    if any(r["unwaited"] for r in results):
+        return Verdict(WRONG, "an async collective was never waited for.\n"
+                       f"Hint: {UNWAITED_HINT}")
     for case, losses in enumerate(LOSS_CASES):
         want = [r for r, loss in enumerate(losses) if not math.isfinite(loss)]
         got = [per_rank["found"][case] for per_rank in results]

@@ -136,6 +136,27 @@ def int_views_reduced(model):
     return found
 
 
+def flags_gathered_async_never_waited(loss):
+    """Right when the all-gather happens to land before it is read."""
+    flag = torch.tensor([float(not torch.isfinite(loss.detach()))])
+    flags = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(flags, flag, async_op=True)
+    return [r for r, f in enumerate(flags) if f.item() == 1.0]
+
+
+def flags_gathered_async_and_waited(loss):
+    """Right, in another style: an async all-gather of int flags, waited."""
+    flag = (~torch.isfinite(loss.detach())).to(torch.int64).reshape(1)
+    flags = [torch.empty_like(flag) for _ in range(dist.get_world_size())]
+    dist.all_gather(flags, flag, async_op=True).wait()
+    return torch.cat(flags).nonzero().flatten().tolist()
+
+
+def test_nonfinite_ranks_with_a_waited_async_gather_passes(verdict):
+    passed, seen = verdict("nonfinite_ranks", flags_gathered_async_and_waited)
+    assert passed, seen
+
+
 def test_differing_tensors_in_other_styles_pass(verdict):
     for right in (sha256_digests, int_views_reduced):
         passed, seen = verdict("differing_tensors", right)
@@ -196,6 +217,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("differing_tensors", compares_hashes_of_bytes,
      ("hashed bytes with hash()", "PYTHONHASHSEED", "torchrun", "hashlib.sha256")),
     ("differing_tensors", nan_to_num_then_equal, "a NaN on ONE rank"),
+    ("nonfinite_ranks", flags_gathered_async_never_waited, ("never waited for",
+                                                            "work.wait()")),
     ("nonfinite_ranks", all_reduces_the_loss, "the NaN went through a collective"),
     ("nonfinite_ranks", only_itself, "the ranks answered differently"),
     ("nonfinite_ranks", nan_but_not_inf, "an inf is not a NaN"),
