@@ -33,6 +33,14 @@ DEADLOCK_HINT = ("a blocking dist.send() waits until the receiver takes the "
                  "(or let even ranks send first and odd ranks receive first).")
 
 
+UNWAITED_HINT = (
+    "an async collective (async_op=True) was never waited for, or its "
+    "tensor was read before the wait (the checker holds the result back "
+    "until wait(), and the tensor holds NaN until then). The call returns at "
+    "once and the result may land at any time: call work.wait() before "
+    "reading the tensor, or leave async_op out.")
+
+
 READ_BEFORE_WAIT_HINT = (
     "a received buffer was read before its wait() returned (it still held "
     "the checker's poison value, NaN, or the dtype's smallest integer). A "
@@ -81,6 +89,15 @@ class _LandsOnWait:
             return tensors
         return self._work.get_future().then(landed)
 
+    def is_completed(self) -> bool:
+        """As torch's Work: True once the collective is done; then the
+        result is in the caller's tensor (a learner may poll instead of
+        waiting)."""
+        done = self._work.is_completed()
+        if done:
+            self._land()
+        return done
+
     def _land(self):
         for landing, tensor in self._landings:
             tensor.copy_(landing)
@@ -102,6 +119,23 @@ def _all_reduce_landing(all_reduce, tensor, *args, **kwargs):
     landing = tensor.clone()
     work = all_reduce(landing, *args, **kwargs)
     poison(tensor)
+    return _LandsOnWait(work, [(landing, tensor)])
+
+
+def never_waited(works) -> int:
+    """How many of `works` (what `lands_on_wait` yields) never landed: never
+    waited for, polled to completion, nor their future waited on."""
+    return sum(1 for work in works if work._landings)
+
+
+def _broadcast_landing(broadcast, tensor, src, *args, **kwargs):
+    """An async broadcast whose result lands at wait(); the source's own
+    tensor is not poisoned (a broadcast only reads it there)."""
+    kwargs["async_op"] = True
+    landing = tensor.clone()
+    work = broadcast(landing, src, *args, **kwargs)
+    if dist.get_rank() != src:  # src is a global rank, as in dist.broadcast
+        poison(tensor)
     return _LandsOnWait(work, [(landing, tensor)])
 
 
@@ -132,13 +166,37 @@ def lands_on_wait():
     copy into the caller's tensor when the work's `wait()` returns (or its
     future completes); the tensor holds poison until then."""
     real_irecv, real_batch = dist.irecv, dist.batch_isend_irecv
-    real_all_reduce = dist.all_reduce
+    real_all_reduce, real_broadcast = dist.all_reduce, dist.broadcast
+    real_all_gather = dist.all_gather
     irecv = _IrecvLandingOnWait(real_irecv)
+
+    started = []
 
     def all_reduce(tensor, *args, **kwargs):
         if kwargs.get("async_op"):
-            return _all_reduce_landing(real_all_reduce, tensor, *args, **kwargs)
+            started.append(_all_reduce_landing(real_all_reduce, tensor, *args,
+                                               **kwargs))
+            return started[-1]
         return real_all_reduce(tensor, *args, **kwargs)
+
+    def all_gather(tensor_list, tensor, *args, **kwargs):
+        if not kwargs.get("async_op"):
+            return real_all_gather(tensor_list, tensor, *args, **kwargs)
+        landings = [slot.clone() for slot in tensor_list]
+        work = real_all_gather(landings, tensor, *args, **kwargs)
+        for slot in tensor_list:
+            poison(slot)
+        started.append(_LandsOnWait(work, list(zip(landings, tensor_list))))
+        return started[-1]
+
+    def broadcast(tensor, src=None, *args, **kwargs):
+        if kwargs.get("async_op") and src is not None:
+            started.append(_broadcast_landing(real_broadcast, tensor, src, *args,
+                                              **kwargs))
+            return started[-1]
+        if src is None:
+            return real_broadcast(tensor, *args, **kwargs)
+        return real_broadcast(tensor, src, *args, **kwargs)
 
     def batch_isend_irecv(p2p_op_list):
         ops, landings = [], []
@@ -159,12 +217,14 @@ def lands_on_wait():
         return [_LandsOnWait(w, everything) for w in works]
 
     dist.irecv, dist.batch_isend_irecv = irecv, batch_isend_irecv
-    dist.all_reduce = all_reduce
+    dist.all_reduce, dist.broadcast = all_reduce, broadcast
+    dist.all_gather = all_gather
     try:
-        yield
+        yield started
     finally:
+        dist.all_gather = real_all_gather
         dist.irecv, dist.batch_isend_irecv = real_irecv, real_batch
-        dist.all_reduce = real_all_reduce
+        dist.all_reduce, dist.broadcast = real_all_reduce, real_broadcast
 
 
 def attempt(call, *args):

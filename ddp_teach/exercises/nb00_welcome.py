@@ -11,7 +11,11 @@ each property is checked:
 - a is the sum of rank + 1 over the ranks, on every rank;
 - b is rank 0's b, 100, on every rank;
 - each rank makes exactly one all_reduce and one broadcast: the values
-  come from the collectives, not from constants typed in.
+  come from the collectives, not from constants typed in;
+- an async collective (async_op=True) is waited for before its tensor is
+  read: inside `harness.lands_on_wait` its result lands only at `wait()`
+  (or once `is_completed()` says True), so an unwaited one reads NaN on
+  every run, not only on the runs where the message was late.
 
 No tensor of the caller's, no hash seed and no empty rank enter this
 exercise; world size 1 is the edge size (both collectives are then no-ops
@@ -24,16 +28,26 @@ values typed in, the pair returned in the other order.
 """
 import torch
 
-from ddp_teach.exercises.harness import attempt, describe_deadlock, run_learner_code
-from ddp_teach.exercises.registry import CORRECT, WRONG, Exercise, Verdict, register
+import math
+
+from ddp_teach.exercises.harness import (UNWAITED_HINT, attempt,
+                                        describe_deadlock, lands_on_wait,
+                                        never_waited, run_learner_code)
+from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
+                                         Verdict, register)
 
 CHECK_TIMEOUT_S = 5.0
 WORLD_SIZES = (2, 3, 1)  # the one-rank edge case last: it tells least
 RANK0_B = 100.0
+NEVER_WAITED = "an async collective never waited"  # what a rank reports then
 
 
 def _fixed_order_on_ranks(rank, world_size, fn):
-    return attempt(fn, rank, world_size)
+    with lands_on_wait() as started:  # an async collective's result lands at wait()
+        returned = attempt(fn, rank, world_size)
+        if never_waited(started) and returned is not NOT_ATTEMPTED:
+            return NEVER_WAITED
+        return returned
 
 
 def _as_number(value):
@@ -110,6 +124,12 @@ def check_fixed_order(fn) -> Verdict:
         if problem:
             return problem
         ranks = f"on {world_size} rank{'s' * (world_size > 1)}"
+        unwaited = [r for r, got in enumerate(results)
+                    if isinstance(got, str) and got == NEVER_WAITED]
+        if unwaited:
+            return Verdict(WRONG, f"{ranks}, rank {unwaited[0]} "
+                           f"started an async collective and never waited for "
+                           f"it.\nHint: {UNWAITED_HINT}")
         pairs = [_pair(returned) for returned in results]
         for rank, (pair, returned) in enumerate(zip(pairs, results)):
             if pair is None:
@@ -117,7 +137,8 @@ def check_fixed_order(fn) -> Verdict:
                                f"{returned!r:.80}.\nHint: return the pair "
                                "(a, b) of numbers, as the cell does: return "
                                "a.item(), b.item().")
-        hint = _value_hint(pairs)
+        hint = (UNWAITED_HINT if any(math.isnan(v) for pair in pairs for v in pair)
+                else _value_hint(pairs))
         if hint:
             got = ", ".join(f"rank {r}: a = {a:g}, b = {b:g}"
                             for r, (a, b) in enumerate(pairs))

@@ -24,7 +24,10 @@ guarantee, and how each property is checked:
 - point-to-point only, and a ring's traffic: each rank sends and receives
   at most 2(p-1) chunks of ceil(n/p) elements each way for the all-reduce,
   and (p-1) tensors each way for the all-gather (from the trace's bytes);
-- edge sizes: one rank (nothing to send), empty tensors, lengths below p.
+- edge sizes: one rank (nothing to send), empty tensors, lengths below p;
+- shapes: a 0-d tensor, a 3 x 4 matrix and a non-contiguous 3 x 4 view
+  (whose reshape(-1) is a copy, so an in-place answer must write back);
+  the all-gather's slots have the input's shape.
 
 Processes with different hash seeds cannot differ here: nothing is hashed.
 A wrong result is compared with what each typical mistake would produce
@@ -34,21 +37,31 @@ buffer read early, a collective used, whole tensors sent, torch.chunk's
 missing chunks, an in-place write autograd refuses), so that the hint names
 the mistake actually made.
 """
-import math
-
 import torch
 
 from ddp_teach.exercises.harness import (DEADLOCK_HINT, READ_BEFORE_WAIT_HINT,
                                         attempt, describe_deadlock, is_poisoned,
                                         lands_on_wait, run_learner_code)
+from ddp_teach.exercises.nb01_ring_mistakes import (all_gather_traffic,
+                                                   diagnose_all_gather,
+                                                   diagnose_all_reduce,
+                                                   ring_traffic)
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 
 WORLD_SIZES = (1, 2, 3, 4)
-CASES = [(n, d, False) for n in (0, 1, 2, 5, 1000)
-         for d in ("float32", "float64", "int64")]
-# checked once the values are right: (length, dtype, requires_grad)
-GRAD_CASES, GRAD_WORLD_SIZES = [(5, "float32", True)], (2, 3)
+# (number of elements, dtype, requires_grad, layout): 1-D tensors of every
+# length and dtype, then other shapes: 0-d, a 3 x 4 matrix, and a
+# non-contiguous view (a transposed 4 x 3 matrix, whose reshape(-1) copies)
+CASES = ([(n, d, False, "flat") for n in (0, 1, 2, 5, 1000)
+          for d in ("float32", "float64", "int64")]
+         + [(1, "float64", False, "0-d"), (12, "float32", False, "3 x 4"),
+            (12, "int64", False, "transposed")])
+LAYOUTS = {"flat": lambda v: v, "0-d": lambda v: v.reshape(()),
+           "3 x 4": lambda v: v.reshape(3, 4),
+           "transposed": lambda v: v.reshape(4, 3).T}
+# checked once the values are right
+GRAD_CASES, GRAD_WORLD_SIZES = [(5, "float32", True, "flat")], (2, 3)
 CHECK_TIMEOUT_S = 5.0
 ALONE_HINT = ("with one rank there is nobody to send to; return early when "
               "world_size == 1.")
@@ -61,6 +74,11 @@ SHARED_SLOTS_HINT = (
     "buffer of its own (torch.empty_like(tensor) per step). A buffer reused "
     "at every step is overwritten, even while it is still being sent on.")
 ERROR_HINTS = {  # a piece of an error's text: the mistake it shows
+    "has to be contiguous": (
+        "this case's tensor is a non-contiguous view, and isend / irecv need "
+        "contiguous buffers. Work on a contiguous flat copy "
+        "(tensor.detach().reshape(-1), a copy here) and at the end copy the "
+        "result back into the tensor: tensor.copy_(flat.view_as(tensor))."),
     "index out of range": (
         "an index past the last chunk: tensor.chunk(p) and tensor.split(k) "
         "give fewer than p pieces when the tensor is shorter than p; "
@@ -72,27 +90,28 @@ ERROR_HINTS = {  # a piece of an error's text: the mistake it shows
 }
 
 
-def make_input(rank: int, numel: int, dtype: str, requires_grad: bool = False):
-    """Small integers that differ per rank, so float sums are exact."""
-    values = ((torch.arange(numel) % 7 + 1) * (rank + 1) + rank).to(
+def make_input(rank: int, numel: int, dtype: str, requires_grad: bool = False,
+               layout: str = "flat"):
+    """Small integers that differ per rank and per element, so float sums
+    are exact, in the case's shape (a view for "transposed")."""
+    values = ((torch.arange(numel) * 3 % 7 + 1) * (rank + 1) + rank).to(
         getattr(torch, dtype))
+    values = LAYOUTS[layout](values)
     return values.requires_grad_() if requires_grad else values
 
 
-def describe_case(numel: int, dtype: str, requires_grad: bool) -> str:
-    return (f"a tensor of {numel} {dtype} values"
-            + (" that requires grad" if requires_grad else ""))
+def describe_case(numel: int, dtype: str, requires_grad: bool,
+                  layout: str = "flat") -> str:
+    shape = {"flat": f"a tensor of {numel} {dtype} values",
+             "0-d": f"a 0-d {dtype} tensor (shape ())",
+             "3 x 4": f"a 3 x 4 {dtype} matrix",
+             "transposed": f"a non-contiguous 3 x 4 {dtype} view (a 4 x 3 "
+                           "matrix transposed)"}[layout]
+    return shape + (" that requires grad" if requires_grad else "")
 
 
 def _on(world_size: int) -> str:
     return f"on {world_size} rank{'s' * (world_size > 1)}"
-
-
-def _same(a, b) -> bool:
-    if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    a, b = a.detach(), b.detach()
-    return torch.allclose(a, b) if a.is_floating_point() else torch.equal(a, b)
 
 
 def _show(t) -> str:
@@ -145,14 +164,14 @@ def _on_ranks(rank, world_size, fn, cases, in_place):
     received message lands only at wait() (see harness.lands_on_wait); an
     error says which case raised it."""
     produced = []
-    for numel, dtype, grad in cases:
-        tensor = make_input(rank, numel, dtype, grad)
+    for case in cases:
+        tensor = make_input(rank, *case)
         with lands_on_wait():
             try:
                 returned = attempt(fn, tensor)
             except Exception as error:
                 error.add_note(f"(the checker's input here: "
-                               f"{describe_case(numel, dtype, grad)})")
+                               f"{describe_case(*case)})")
                 raise
         if returned is NOT_ATTEMPTED:
             return NOT_ATTEMPTED
@@ -193,8 +212,9 @@ def check_on_ranks(fn, in_place: bool, expected, diagnose, traffic) -> Verdict:
             if problem:
                 return Verdict(WRONG, problem)
     return Verdict(CORRECT, f"tried world sizes {WORLD_SIZES}, tensor lengths "
-                            f"{sorted({n for n, _, _ in CASES})}, dtypes "
-                            f"{sorted({d for _, d, _ in CASES})} and a tensor "
+                            f"{sorted({c[0] for c in CASES})}, dtypes "
+                            f"{sorted({c[1] for c in CASES})}, a 0-d tensor, a "
+                            "matrix, a non-contiguous view and a tensor "
                             "that requires grad; point-to-point messages only, "
                             "no more bytes than the algorithm needs.")
 
@@ -224,7 +244,7 @@ def _communication_problem(timeline, cases, world_size, traffic) -> str | None:
     more bytes than the algorithm needs, else what was wrong, with a hint."""
     allowed = sum(traffic(numel, torch.tensor([], dtype=getattr(torch, dtype))
                           .element_size(), world_size)
-                  for numel, dtype, _ in cases)
+                  for numel, dtype, *_ in cases)
     for rank in range(world_size):
         events = [e for e in timeline.for_rank(rank) if e.kind == "comm"]
         used = sorted({e.name for e in events} - P2P_CALLS - NOT_DATA)
@@ -246,71 +266,6 @@ def _bytes_moved(events) -> int:
     """Bytes sent and received in point-to-point calls (the trace gives each
     op of a batch_isend_irecv its own bytes)."""
     return sum(e.nbytes for e in events if e.name in P2P_CALLS)
-
-
-def ring_traffic(numel: int, elem_bytes: int, p: int) -> int:
-    """A ring all-reduce: 2(p-1) chunks of at most ceil(n/p) out, as many in."""
-    return 4 * (p - 1) * math.ceil(numel / p) * elem_bytes
-
-
-def all_gather_traffic(numel: int, elem_bytes: int, p: int) -> int:
-    """An all-gather: every other rank's tensor in, this one out p-1 times."""
-    return 2 * (p - 1) * numel * elem_bytes
-
-
-def diagnose_all_reduce(outcome, inputs, rank) -> str | None:
-    got = outcome["value"]
-    expected, world_size = sum(inputs), len(inputs)
-    if _same(got, expected):
-        return None
-    if _same(got, inputs[rank]):
-        return ("the tensor did not change. Write the result into `tensor` "
-                "itself (tensor[...] = ..., chunk.add_(...)): `tensor = ...` "
-                "only rebinds a local name, and all_reduce works in place.")
-    if got.is_floating_point() and _same(got, expected / world_size):
-        return ("you averaged; all_reduce's default op is a SUM (DDP divides "
-                "by the world size itself, afterwards).")
-    if _same(got, expected - inputs[rank]):
-        return "the sum is missing this rank's own data: add your own chunk too."
-    wrong = [i for i, (g, e) in enumerate(zip(got.tensor_split(world_size),
-                                              expected.tensor_split(world_size)))
-             if not _same(g, e)]
-    if len(wrong) < world_size:
-        return (f"chunks {wrong} are wrong while the others are right: check "
-                "which chunk index each rank sends and receives at each step "
-                "(an index off by one?).")
-    return ("no chunk is right: check the chunk indices you send and receive "
-            "at each step (an index off by one?) against the ring schedule: at "
-            "reduce-scatter step s rank r sends chunk (r - s) mod p and adds "
-            "the chunk (r - s - 1) mod p it receives; rank r then owns chunk "
-            "(r + 1) mod p, and the all-gather passes the finished chunks on.")
-
-
-def diagnose_all_gather(outcome, inputs, rank) -> str | None:
-    got, world_size = outcome["value"], len(inputs)
-    if not isinstance(got, (list, tuple)) or len(got) != world_size:
-        return (f"return a list of {world_size} tensors, one per rank, the "
-                "one from rank s at index s (like dist.all_gather).")
-    if all(_same(g, e) for g, e in zip(got, inputs)):
-        if outcome["aliases_input"]:
-            return ("a slot of the list is your input tensor itself (or a view "
-                    "of it): change the input later and the gathered list "
-                    "changes too. Put a copy in your own slot (tensor.clone()).")
-        if outcome["grad"]:
-            return ("a slot carries autograd history: dist.all_gather returns "
-                    "data only. Copy your own tensor with "
-                    "tensor.detach().clone().")
-        return None
-    if not _same(got[rank], inputs[rank]) and all(
-            _same(got[s], inputs[s]) for s in range(world_size) if s != rank):
-        return "every slot is right but your own: put your own tensor at index rank."
-    for shift in range(1, world_size):
-        if all(_same(got[i], inputs[(i + shift) % world_size])
-               for i in range(world_size)):
-            return ("the right tensors in the wrong places: index the list by "
-                    "the rank the tensor came FROM, not by the step.")
-    return ("around the ring, at step s rank r receives the tensor that "
-            "started on rank (r - s - 1) mod p from its left neighbour.")
 
 
 register(Exercise(

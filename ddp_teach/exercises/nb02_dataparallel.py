@@ -1,4 +1,5 @@
-"""Checkers for notebook 02's data-moving exercises: scatter, gather, replicate.
+"""Checker for notebook 02's scatter exercise, and the helpers the other
+data-moving exercises' checkers share (gather, replicate).
 
 DataParallel is one process with a thread per device, so these checkers run
 the learner's function right here (no worker processes), on CPU "virtual
@@ -9,8 +10,9 @@ it, or, where it cannot tell which, the property and how to see it. Whatever
 the learner's function returns, the checker itself never raises: an odd
 return value is a wrong answer that says what came back.
 
-`nb02_replicate` and `nb02_threads` (parallel_apply and the forward of
-DataParallel) check the other exercises with the helpers below.
+`nb02_gather`, `nb02_replicate` and `nb02_threads` (parallel_apply and
+the forward of DataParallel) check the other exercises with the helpers
+below.
 """
 import torch
 
@@ -86,11 +88,13 @@ def rows(tensor) -> int | None:
 
 def _scatter_cases():
     """(inputs, device count): uneven, more devices than a chunk fills,
-    fewer rows than devices, one device, nested containers."""
+    fewer rows than devices, one device, nested containers, containers of
+    one item, and an empty one (passed to every device as it is)."""
     batch = torch.arange(20.0).reshape(10, 2)
     mask = torch.arange(10) % 2 == 0
     return [(batch, 3), (batch, 4), (batch[:9], 4), (batch[:2], 3), (batch, 1),
-            ((batch, {"mask": mask, "scale": 2.0}, "tag"), 3), ([batch, mask], 2)]
+            ((batch, {"mask": mask, "scale": 2.0}, "tag"), 3), ([batch, mask], 2),
+            (((batch,), {"mask": mask}, [], {}), 2)]
 
 
 def check_scatter(fn) -> Verdict:
@@ -104,7 +108,9 @@ def check_scatter(fn) -> Verdict:
     3. structure: a tuple, list or dict comes back as one of the same type
        (same keys) per piece, and non-tensors go to every piece unchanged;
     4. gradient flow: the pieces stay in the input's autograd graph, so a
-       DataParallel wrapping a layer inside a model passes the gradient on.
+       DataParallel wrapping a layer inside a model passes the gradient on;
+    5. devices: piece d is on devices[d], checked with ["cpu", "meta"]
+       (meta: shapes without values), nested containers included.
     """
     from ddp_teach import dp
     for inputs, n in _scatter_cases():
@@ -122,7 +128,27 @@ def check_scatter(fn) -> Verdict:
         shown = (f"scattering {describe(inputs)} over {n} devices: expected "
                  f"{len(want)} pieces {describe(want)}, got {describe(got)}.")
         return Verdict(WRONG, f"{shown}\nHint: {_scatter_hint(got, want, inputs, n)}")
-    return _scatter_keeps_the_graph(fn)
+    return _scatter_on_the_devices(fn) or _scatter_keeps_the_graph(fn)
+
+
+def _scatter_on_the_devices(fn) -> Verdict | None:
+    """Property 5: each piece on its own device (cpu, then meta)."""
+    batch = torch.arange(20.0).reshape(10, 2)
+    inputs = (batch, {"mask": batch[:, 0] > 4})
+    got, failed = run_here(lambda: fn(inputs, ["cpu", "meta"]))
+    if failed:
+        return failed
+    try:
+        where = [[piece[0].device.type, piece[1]["mask"].device.type]
+                 for piece in got]
+    except (TypeError, KeyError, IndexError, AttributeError):
+        where = None
+    if where == [["cpu", "cpu"], ["meta", "meta"]]:
+        return None
+    return Verdict(WRONG, f"scattering {describe(inputs)} over devices [\"cpu\", "
+                   f"\"meta\"]: piece d must be on devices[d], got {describe(got)}"
+                   f" on {where}.\nHint: move each piece to its device, "
+                   "piece.to(device), at every level of the structure.")
 
 
 def _scatter_hint(got, want, inputs, n) -> str:
@@ -212,108 +238,8 @@ def _scatter_keeps_the_graph(fn) -> Verdict:
                    "flows back to the input.")
 
 
-# ----------------------------------------------------------------- gather
-
-def check_gather(fn) -> Verdict:
-    """dt.dp.gather guarantees, for one output per device:
-
-    1. values: the tensors joined along dim 0 (torch.cat), in device order,
-       for uneven pieces and for one device;
-    2. structure: tuples, lists and dicts are gathered element by element
-       and keep their type and keys;
-    3. gradient flow: the result's gradient is cut back into the pieces' (a
-       gather that detaches lets DataParallel train with no gradient).
-    """
-    from ddp_teach import dp
-    batch = torch.arange(30.0).reshape(10, 3)
-    for inputs, n in ((batch, 3), (batch, 1), ((batch, {"y": batch[:, 0]}), 4),
-                      ([batch, batch[:, :1]], 2)):
-        pieces = dp.scatter(inputs, ["cpu"] * n)
-        got, failed = run_here(lambda: fn(pieces, "cpu"), [
-            ("stack expects", "torch.stack adds a dimension (and needs equal "
-             "sizes); torch.cat(pieces, dim=0) joins the batch back."),
-            ("must match except in dimension 0", "torch.vstack (and "
-             "row_stack) turn each 1-D tensor into a row, adding a dimension: "
-             "join with torch.cat(pieces, dim=0)."),
-            ("must match except in dimension", "join along dimension 0 (the "
-             "batch): torch.cat(pieces, dim=0)."),
-            ("only one element tensors can be converted", "torch.tensor(...) "
-             "builds a new tensor from Python numbers: it cannot join "
-             "tensors, and would cut the graph. Join them with "
-             "torch.cat(pieces, dim=0)."),
-            ("must match the size of tensor", "gather joins the rows of the "
-             "pieces, it does not add them (adding is what the gradients' "
-             "reduce does): torch.cat(pieces, dim=0).")])
-        if failed:
-            return failed
-        if same(got, inputs):
-            continue
-        shown = (f"gathering {describe(pieces)}: expected {describe(inputs)}, "
-                 f"got {describe(got)}.\nHint: ")
-        return Verdict(WRONG, shown + _gather_hint(got, inputs, pieces, n))
-    return _gather_keeps_the_graph(fn)
-
-
-def _gather_hint(got, inputs, pieces, n) -> str:
-    if isinstance(got, torch.Tensor) and isinstance(inputs, torch.Tensor):
-        if got.dim() == inputs.dim() + 1:
-            return ("torch.stack adds a dimension; torch.cat(pieces, dim=0) "
-                    "joins the batch back.")
-        if n > 1 and same(got, torch.cat(pieces[::-1])):
-            return "keep the devices' order."
-        if got.shape != inputs.shape and got.dim() == inputs.dim() \
-                and rows(got) == rows(pieces[0]):
-            return "join along dimension 0 (the batch): torch.cat(pieces, dim=0)."
-        return f"the values differ: expected {values(inputs)}, got {values(got)}."
-    if isinstance(got, list) and len(got) == n > 1 and not isinstance(inputs, list):
-        return "return one tensor (or one structure), not a list of pieces."
-    if type(got) is not type(inputs):
-        return (f"each device's output is a {type(inputs).__name__}, so the "
-                f"gathered one is a {type(inputs).__name__} too (got a "
-                f"{type(got).__name__}): build it with type(first)(...).")
-    return ("gather element by element: a tuple of outputs gives a tuple of "
-            "gathered tensors, a dict a dict with the same keys.")
-
-
-def _gather_keeps_the_graph(fn) -> Verdict:
-    """Property 3: backward through the result reaches every piece."""
-    pieces = [torch.full((rows_, 2), float(i)).requires_grad_()
-              for i, rows_ in enumerate((4, 4, 2))]
-    joined, failed = run_here(lambda: fn(pieces, "cpu"))
-    if failed:
-        return failed
-    if not (isinstance(joined, torch.Tensor) and joined.shape == (10, 2)):
-        return Verdict(WRONG, f"gathering 3 pieces that require grad gave "
-                       f"{describe(joined)}, not tensor(10, 2).\nHint: treat "
-                       f"them as any other tensors.")
-    if not joined.requires_grad:
-        return Verdict(WRONG, "the gathered output does not require grad "
-                       "although its pieces do: it is cut off from them, so "
-                       "DataParallel would train with no gradient at all.\n"
-                       f"Hint: any of {CUT_GRAPH} cuts the graph; torch.cat and "
-                       ".to(target) keep it.")
-    _, failed = run_here(
-        lambda: (joined * torch.arange(1.0, 11.0).unsqueeze(1)).sum().backward())
-    if failed:
-        return Verdict(WRONG, f"backward through the gathered output failed: "
-                       f"{failed.message}")
-    want = torch.arange(1.0, 11.0).unsqueeze(1).expand(10, 2).split([4, 4, 2])
-    if not all(p.grad is not None and torch.equal(p.grad, w)
-               for p, w in zip(pieces, want)):
-        return Verdict(WRONG, "backward through the gathered output did not "
-                       "give each piece the gradient of its own rows.\nHint: "
-                       "join with torch.cat in device order.")
-    return Verdict(CORRECT, "tensors from 1, 2, 3 and 4 devices, a tuple "
-                   "holding a dict, a list, and the gradient flows back to "
-                   "every piece.")
-
-
 register(Exercise(
     "dp_scatter", "scatter", "my_scatter", "ddp_teach.dp:scatter", check_scatter,
     ["Split with tensor.chunk(len(devices), dim=0).",
      "Recurse into tuples, lists and dicts; pass other objects to every "
      "device unchanged."]))
-register(Exercise(
-    "dp_gather", "gather", "my_gather", "ddp_teach.dp:gather", check_gather,
-    ["torch.cat(pieces, dim=0) on the target device.",
-     "Recurse: gather element i of every device's tuple together."]))

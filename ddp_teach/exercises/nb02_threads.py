@@ -10,6 +10,7 @@ MEET_TIMEOUT_S, and the meeting records how many were ever inside at once.
 After the barrier the replicas finish in reverse order, STAGGER_S apart, so
 that outputs kept in the order the threads finish come back reversed.
 """
+import re
 import threading
 import time
 
@@ -29,8 +30,8 @@ class Meeting:
     """Where a probe's replicas meet. Shared by all of them: replicate copies
     tensors and modules, and a deepcopy keeps this same object."""
 
-    def __init__(self, parties: int, stagger: bool = True):
-        self.parties, self.stagger = parties, stagger
+    def __init__(self, parties: int, stagger: bool = True, reverse: bool = True):
+        self.parties, self.stagger, self.reverse = parties, stagger, reverse
         self.barrier = threading.Barrier(parties)
         self.caller = threading.current_thread()
         self.lock = threading.Lock()
@@ -58,7 +59,8 @@ class Meeting:
             except threading.BrokenBarrierError:
                 return  # not all at once: the verdict says so
             if self.stagger:
-                time.sleep(STAGGER_S * (self.parties - 1 - index))
+                time.sleep(STAGGER_S * (self.parties - 1 - index if self.reverse
+                                        else index))
         finally:
             with self.lock:
                 self.inside -= 1
@@ -193,34 +195,65 @@ def _grad_mode_verdict(got, meeting, grad) -> Verdict | None:
     return None
 
 
+FAILING_REPLICAS = (1, 0, 2)  # one in the middle, one with slower replicas
+# after it (the others finish later: see _error_verdict), the last one
+
+
+def _names_replica(text: str, index: int) -> bool:
+    """Whether an error's text names replica `index` (or its device), in
+    any case: "Replica 1", "replica 1", "CPU:1", "device 1"."""
+    text = text.lower()
+    return any(re.search(rf"{name}\W*{index}(?!\d)", text)
+               for name in ("replica", "cpu:", "device", "thread"))
+
+
 def _error_verdict(fn) -> Verdict:
+    """Property 5, for a failing replica in the middle, the first (the two
+    after it finish later) and the last: the error reaches the caller
+    naming the replica, with the original message, once every thread has
+    finished (an early raise would leave replicas running)."""
     from ddp_teach import dp
-    meeting = Meeting(3, stagger=False)
-    replicas = dp.replicate(Probe(meeting), ["cpu"] * 3)
-    bad = probe_pieces(3)
-    bad[1][1] = -1
-    try:
-        returned = fn(replicas, bad, ["cpu"] * 3)
-    except Exception as exc:  # the learner's own error type: any will do
-        text = f"{exc} {exc.__cause__ or ''}"
-        if "bad row" in text and any(name in text for name in
-                                     ("replica 1", "cpu:1", "device 1")):
-            return Verdict(CORRECT, "outputs in order, one thread per replica "
-                           "all at once, tuple inputs unpacked, the caller's "
-                           "grad mode, one replica, and a failing replica is "
-                           "named.")
-        return Verdict(WRONG, f"replica 1 failed and your function raised "
-                       f"{type(exc).__name__}: {exc}\nHint: say which replica "
-                       "(or device) failed and keep the original message.")
-    if isinstance(returned, (list, tuple)) and any(
-            isinstance(r, BaseException) for r in returned):
-        return Verdict(WRONG, "replica 1 raised an error and your function "
-                       "returned the exception as its output.\nHint: raise it "
-                       "in the caller after join(), naming the replica.")
-    return Verdict(WRONG, "replica 1 raised an error inside its thread, but "
-                   "your function returned normally.\nHint: an exception in a "
-                   "thread is lost unless you catch it there, keep it, and "
-                   "raise it again in the caller after join().")
+    for failing in FAILING_REPLICAS:
+        meeting = Meeting(3, stagger=failing == 0, reverse=False)
+        replicas = dp.replicate(Probe(meeting), ["cpu"] * 3)
+        bad = probe_pieces(3)
+        bad[failing][1] = -1
+        before = set(threading.enumerate())
+        try:
+            returned = fn(replicas, bad, ["cpu"] * 3)
+        except Exception as exc:  # the learner's own error type: any will do
+            running = [t for t in threading.enumerate()
+                       if t not in before and t.is_alive()]
+            for thread in running:  # the checker's tidy-up, not the verdict
+                thread.join()
+            text = f"{exc} {exc.__cause__ or ''}"
+            if not ("bad row" in text and _names_replica(text, failing)):
+                return Verdict(WRONG, f"replica {failing} failed and your function "
+                               f"raised {type(exc).__name__}: {exc}\nHint: say "
+                               "which replica (or device) failed and keep the "
+                               "original message.")
+            if running:
+                return Verdict(WRONG, f"replica {failing} failed and your function "
+                               f"raised while {len(running)} other replica "
+                               f"thread{'s were' if len(running) > 1 else ' was'} "
+                               "still running.\nHint: join() every thread "
+                               "first, then raise the error you kept: threads "
+                               "left running still use the replicas.")
+            continue
+        if isinstance(returned, (list, tuple)) and any(
+                isinstance(r, BaseException) for r in returned):
+            return Verdict(WRONG, f"replica {failing} raised an error and your "
+                           "function returned the exception as its output.\n"
+                           "Hint: raise it in the caller after join(), naming "
+                           "the replica.")
+        return Verdict(WRONG, f"replica {failing} raised an error inside its "
+                       "thread, but your function returned normally.\nHint: an "
+                       "exception in a thread is lost unless you catch it there, "
+                       "keep it, and raise it again in the caller after join().")
+    return Verdict(CORRECT, "outputs in order, one thread per replica all at "
+                   "once, tuple inputs unpacked, the caller's grad mode, one "
+                   "replica, and a failing replica (first, middle, last) is "
+                   "named once every thread has finished.")
 
 register(Exercise(
     "dp_parallel_apply", "parallel_apply", "my_parallel_apply",

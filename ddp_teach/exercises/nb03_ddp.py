@@ -18,12 +18,15 @@ This is torch's rule when it rebuilds its buckets (reducer.cpp,
 `compute_bucket_assignment_by_size` with limits [first, cap]);
 tests/course/test_ddp.py checks the reference against torch's function.
 """
+import operator
+
 from ddp_teach.ddp import MIB, bucket_indices
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
 
 NOTEBOOK_MODEL = [MIB, 2048] * 6  # notebook 03's six Linear(512, 512): weight, bias
 BUCKET_CASES = [([2, 2, 2, 2, 2, 2], 4, 2),  # exact fits: tells >= from >
+                ([1, 1, 1, 1], 2, 2),  # the first bucket's exact fit
                 ([4, 4, 4, 4], 8, 4), ([100, 200, 300, 400, 500], 450, 150),
                 ([30, 1, 1, 1, 2, 9, 1], 5, 5),  # one larger than the cap
                 ([3 * MIB, MIB, 2 * MIB, MIB // 2, MIB // 2], 25 * MIB, MIB),
@@ -103,11 +106,21 @@ def mistaken(sizes, cap, first_cap, *, in_mib=False, sizes_in_mib=False,
 
 
 def _as_buckets(got):
-    """The learner's result as a list of lists, or None if it is not one."""
+    """The learner's result as a list of lists of ints, or None if it is
+    not one. Any integral type counts as an index (numpy's integers, a
+    0-d integer tensor), as `operator.index` accepts it; bool does not."""
     try:
-        return [list(bucket) for bucket in got]
+        return [[operator.index(i) for i in _refuse_bool(bucket)] for bucket in got]
     except TypeError:
         return None
+
+
+def _refuse_bool(bucket):
+    """The bucket's items; a bool (True is operator.index'ed to 1) is no index."""
+    items = list(bucket)
+    if any(isinstance(i, bool) for i in items):
+        raise TypeError("a bool is not a parameter index")
+    return items
 
 
 def _hint(case, got, seen) -> str:
@@ -154,7 +167,7 @@ def check_bucket_assignment(fn) -> Verdict:
                            "(no reverse(), sort() or pop() on it): walk the "
                            "indices backwards instead.")
         got = _as_buckets(result)
-        if got is None or any(not isinstance(i, int) for b in got for i in b):
+        if got is None:
             return Verdict(WRONG, shown + f"expected {want}, got {result!r}."
                            "\nHint: return a list of buckets, each a list of "
                            "parameter indices" + (" (the function returned "

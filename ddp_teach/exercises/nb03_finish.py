@@ -46,12 +46,44 @@ class _LandsAtWait:
         return True
 
     def is_completed(self) -> bool:
+        """As torch's Work: True once done, the sum then in the buffer (a
+        learner may poll instead of waiting)."""
+        if self.work.is_completed():
+            self.wait()
         return self.waited
+
+    def get_future(self):
+        """As torch's Work: a future whose wait() (or value()) returns once
+        the sum is in the buffer."""
+        return _LandingFuture(self)
 
     def finish(self) -> None:
         """The checker's own wait, for a work the learner left: the
         collective must end before the worker does."""
         self.work.wait()
+
+
+class _LandingFuture:
+    """The future of a `_LandsAtWait`: waiting on it is waiting on the
+    work (torch's `work.get_future().wait()` returns the reduced tensors)."""
+
+    def __init__(self, work):
+        self._work = work
+
+    def wait(self):
+        self._work.wait()
+        return [self._work.buffer]
+
+    value = wait
+
+    def done(self) -> bool:
+        return self._work.is_completed()
+
+    def then(self, callback):
+        self.wait()
+        finished = torch.futures.Future()
+        finished.set_result(callback(self))
+        return finished
 
 
 def _layout(params):

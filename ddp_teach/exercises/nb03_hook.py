@@ -12,26 +12,26 @@ checked on 2 and 3 real ranks, with the hint that names the mistake:
   future; backward goes on while the sum travels (the overlap);
 - `param.grad` is left alone while its all-reduce is in flight;
 - `(param, work)` is appended to `pending`, the parameter itself and the
-  all-reduce's handle, once per parameter; the parameters do not change.
+  all-reduce's handle, once per parameter; the parameters do not change;
+- the same at the next backward (pending emptied and the gradients set
+  to None between them, as a training step does): a hook that keeps state
+  of its own, never reset, goes wrong on the second backward.
 
-The checker makes waiting visible: every async all-reduce runs on a buffer
-of its own, and its sum lands in `param.grad` (and its future completes)
-only when the checker releases it after backward, or when its work's
-`wait()` is called. A hook that waits on the future inside backward
-therefore stands still until the checker, after HOLD_S, releases it.
+The checker makes waiting visible (nb03_held_allreduce.py): every async
+all-reduce runs on a buffer of its own, and its sum lands in `param.grad`
+(and its future completes) only when the checker releases it after
+backward, or when its work's `wait()` is called. A hook that waits on the
+future inside backward therefore stands still until the checker releases
+it.
 """
-import threading
-
 import torch
-import torch.distributed as dist
 
 from ddp_teach.exercises.harness import attempt, run_learner_code
+from ddp_teach.exercises.nb03_held_allreduce import HeldAllReduce, Spy, backward_watched
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG,
                                          Exercise, Verdict, register)
 
 WORLD_SIZES = (2, 3)
-HOLD_S = 3.0  # a backward of this tiny model stuck this long waits on a held future
-CANARY = 12345.0  # param.grad's value while its all-reduce is in flight
 
 
 def small_model():
@@ -52,98 +52,9 @@ def _local_grads(rank):
     return [p.grad for p in model.parameters()]
 
 
-class _Held:
-    """An async all-reduce whose sum lands in the caller's tensor (and whose
-    future completes) only at `release()`, or at the work's `wait()`, which
-    is noted. Until then the tensor holds CANARY, so that a write to it in
-    flight shows."""
-
-    def __init__(self, all_reduce, tensor, args, kwargs):
-        with torch.no_grad():  # the hook may have handed over the parameter
-            self.tensor, self.landing = tensor, tensor.detach().clone()
-            self.work = all_reduce(self.landing, *args, **kwargs)
-            tensor.fill_(CANARY)
-        self.future, self.waited, self.written_in_flight = torch.futures.Future(), False, False
-        self.lock = threading.Lock()  # the checker and backward's thread may both release
-
-    def wait(self, *args, **kwargs):
-        self.waited = True
-        self.release()
-        return True
-
-    def is_completed(self) -> bool:
-        return self.future.done()
-
-    def get_future(self):
-        return self.future
-
-    def release(self) -> None:
-        with self.lock:
-            if self.future.done():
-                return
-            self.written_in_flight = not bool((self.tensor == CANARY).all())
-            self.work.wait()
-            with torch.no_grad():
-                self.tensor.copy_(self.landing)
-            self.future.set_result([self.tensor])
-
-
-class _Spy:
-    """dist.all_reduce as the hooks see it: notes what each call reduced,
-    how, and holds the async ones (see _Held)."""
-
-    def __init__(self, params):
-        self.params, self.real = params, dist.all_reduce
-        self.calls, self.held, self.release_at_once = [], [], False
-
-    def __call__(self, tensor, *args, **kwargs):
-        op = kwargs.get("op", args[0] if args else dist.ReduceOp.SUM)
-        self.calls.append({
-            "parameter": any(tensor.data_ptr() == p.data_ptr() for p in self.params),
-            "average": op == dist.ReduceOp.AVG, "async": bool(kwargs.get("async_op"))})
-        if not kwargs.get("async_op"):
-            return self.real(tensor, *args, **kwargs)
-        self.held.append(_Held(self.real, tensor, args, kwargs))
-        if self.release_at_once:
-            self.held[-1].release()
-        return self.held[-1]
-
-    def release_all(self) -> None:
-        self.release_at_once = True
-        for held in list(self.held):
-            held.release()
-
-
-def _backward_watched(model, rank, spy) -> bool:
-    """Backward in a thread of its own, the async all-reduces held; True if
-    it stood still for HOLD_S (a hook waiting on a held future)."""
-    loss = model(batch_of(rank)).square().mean()
-    error = []
-
-    def run():
-        try:
-            loss.backward()
-        except BaseException as raised:  # handed to the worker's thread below
-            error.append(raised)
-    thread = threading.Thread(target=run, daemon=True)
-    dist.all_reduce = spy
-    try:
-        thread.start()
-        thread.join(HOLD_S)
-        stuck = thread.is_alive()
-        spy.release_all()
-        thread.join()
-    finally:
-        dist.all_reduce = spy.real
-    if error:
-        raise error[0]
-    spy.release_all()
-    return stuck
-
-
 def _describe(value, params) -> str:
     """What the learner handed over, in the exercise's words."""
-    if isinstance(value, _Held):
+    if isinstance(value, HeldAllReduce):
         return "work"
     if any(value is p for p in params):
         return "param"
@@ -169,8 +80,8 @@ def _hook_on_ranks(rank, world_size, make_hook):
     for p in params:
         p.register_post_accumulate_grad_hook(called)
     before = [p.detach().clone() for p in params]
-    spy = _Spy(params)
-    stuck = _backward_watched(model, rank, spy)
+    spy = Spy(params)
+    stuck = backward_watched(model(batch_of(rank)).square().mean(), spy)
     entries = [entry for entry in pending if isinstance(entry, tuple) and len(entry) == 2]
     seen = {"returned": returned, "stuck": stuck, "calls": spy.calls,
             "waited": any(h.waited for h in spy.held),
@@ -183,7 +94,26 @@ def _hook_on_ranks(rank, world_size, make_hook):
     for entry in entries:
         if callable(getattr(entry[1], "wait", None)):
             entry[1].wait()
+    seen.update(_second_step(model, rank, params, pending))
     return seen
+
+
+def _second_step(model, rank, params, pending) -> dict:
+    """The next training step: `pending` emptied and the gradients set to
+    None (as the finishing step and zero_grad do), then backward again, with
+    the same hooks. What the hooks did this time."""
+    pending.clear()
+    for p in params:
+        p.grad = None
+    spy = Spy(params)
+    backward_watched(model(batch_of(rank)).square().mean(), spy)
+    again = [e for e in pending if isinstance(e, tuple) and len(e) == 2]
+    for entry in again:
+        if callable(getattr(entry[1], "wait", None)):
+            entry[1].wait()
+    return {"second_calls": len(spy.calls), "second_pairs": len(again),
+            "second_grads": [None if p.grad is None else p.grad.clone()
+                             for p in params]}
 
 
 def _results_hint(seen, world_size, rank_sums, local) -> str | None:
@@ -277,6 +207,19 @@ def check_grad_hook(fn) -> Verdict:
         local = [_local_grads(rank) for rank in range(world_size)]
         rank_sums = [sum(grads) for grads in zip(*local)]
         if all(torch.allclose(g, s, atol=1e-6) for g, s in zip(seen["grads"], rank_sums)):
+            if seen["second_calls"] != n_params or seen["second_pairs"] != n_params \
+                    or not all(g is not None and torch.allclose(g, s, atol=1e-6)
+                               for g, s in zip(seen["second_grads"], rank_sums)):
+                return Verdict(WRONG, f"on {world_size} ranks the first backward "
+                               "was right, but on the next one (pending emptied, "
+                               "the gradients set to None, as a training step "
+                               f"does) the hooks started {seen['second_calls']} "
+                               f"all-reduces and appended {seen['second_pairs']} "
+                               f"pairs for {n_params} parameters.\nHint: the "
+                               "hook runs at every backward of the training: "
+                               "keep no state of its own that is never reset "
+                               "(a set of parameters already seen, a flag, a "
+                               "counter); start one all-reduce per call.")
             continue
         hint = _results_hint(seen, world_size, rank_sums, local[0])
         return Verdict(WRONG, f"on {world_size} ranks the summed gradients are "

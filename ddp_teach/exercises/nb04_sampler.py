@@ -1,6 +1,6 @@
 """The checker for notebook 04's first exercise: the indices a rank reads,
 as torch's DistributedSampler gives them (the other two exercises are in
-nb04_data_and_sync.py).
+nb04_data_and_sync.py and nb04_accumulation.py).
 
 The learner's `my_rank_indices(length, num_replicas, rank, shuffle, seed,
 epoch, drop_last)` is called here in the kernel, for every rank of every
@@ -11,6 +11,8 @@ case, and compared with torch's own sampler. What the reference
   drop_last, over several epochs and a seed other than 0;
 - every rank gets as many indices (or DDP's collectives would not line
   up): a consequence of the equality, named when it fails;
+- drop_last both where it cuts a tail and where the replicas divide the
+  length (nothing to cut: torch then takes length / replicas each);
 - edge sizes: fewer samples than ranks (the padding then goes round the
   dataset more than once), one rank, an empty dataset (every rank gets []);
 - no global state: the order comes from a generator of its own, so
@@ -41,6 +43,9 @@ SAMPLER_CASES = ([(10, 3, shuffle, 0, epoch, drop_last)
                   for shuffle in (False, True) for epoch in (0, 1)
                   for drop_last in (False, True)]
                  + [(12, 4, True, 0, 2, False), (7, 2, True, 0, 0, True),
+                    # drop_last where the replicas divide the length: nothing
+                    # to drop (torch's num_samples is then length / replicas)
+                    (12, 4, True, 0, 1, True), (9, 3, False, 0, 0, True),
                     (1, 4, False, 0, 0, False), (2, 7, True, 0, 1, False),
                     (10, 3, True, 7, 1, False), (5, 1, True, 3, 2, False),
                     (0, 3, True, 0, 0, False), (0, 2, False, 0, 1, True)])
@@ -130,6 +135,10 @@ def _sampler_hint(got, want, args) -> str:
                 "and ranks read overlapping samples: every rank must draw the "
                 "SAME permutation (seed + epoch only), then take its share.")
     padding = len(want) * replicas - length
+    if drop_last and length % replicas == 0 and len(got) != len(want):
+        return (f"here the {replicas} replicas divide the length {length}, so "
+                "drop_last drops nothing: each rank takes length / num_replicas "
+                "indices. Cut a tail only when length % num_replicas != 0.")
     if len(got) != len(want) and not drop_last and padding > length:
         return (f"here the padding ({padding} indices) is longer than the "
                 f"dataset ({length}): repeat the indices as many times as it "
@@ -145,8 +154,30 @@ def _sampler_hint(got, want, args) -> str:
     if sorted(got) == sorted(want):
         return ("the right samples in the wrong order: shuffle with "
                 "torch.randperm(length, generator=g) seeded seed + epoch.")
-    return ("deal the (shuffled, padded) indices out round-robin: rank r "
-            "takes indices[r::num_replicas], not a contiguous block.")
+    order = _full_order(args, len(want))
+    if got == order[rank * len(want):(rank + 1) * len(want)]:
+        return ("deal the (shuffled, padded) indices out round-robin: rank r "
+                "takes indices[r::num_replicas], not a contiguous block.")
+    if shuffle and all(0 <= i < length for i in got):
+        return ("the indices are not torch's permutation: DistributedSampler "
+                "shuffles with torch.randperm(length, generator=g), g seeded "
+                "seed + epoch. Another generator (numpy, random, "
+                "torch.randperm without g) gives another order, so your ranks "
+                "would not read what torch's sampler reads.")
+    return ("shuffle (torch.randperm with a generator seeded seed + epoch), "
+            "pad from the start or cut the tail, then rank r takes "
+            "indices[r::num_replicas].")
+
+
+def _full_order(args, per_rank) -> list:
+    """torch's whole (shuffled, padded or cut) list before it is dealt out."""
+    length, replicas, rank, shuffle, seed, epoch, _ = args
+    order = (torch.randperm(length, generator=torch.Generator().manual_seed(
+        seed + epoch)).tolist() if shuffle else list(range(length)))
+    total = per_rank * replicas
+    while len(order) < total:
+        order = order + order[:total - len(order)]
+    return order[:total]
 
 
 def _padded_from_end(args, per_rank) -> list:

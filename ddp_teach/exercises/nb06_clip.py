@@ -14,6 +14,10 @@ guarantees, and how each property is checked:
   scales `.grad` in place;
 - a zero gradient: norm 0, the gradient stays zero, no NaN (the 1e-6 in
   the factor);
+- traffic: a rank hands collectives at most one float64 number per rank
+  per call (an all-reduce of a scalar, or an all-gather of one): a norm
+  computed by gathering the shards is right in value and wrong in cost,
+  and is rejected, since saving that memory and traffic is the point;
 - an empty shard: when a tensor has fewer rows than there are ranks,
   FSDP2's sharding gives the last ranks nothing. Such a rank still joins
   the all-reduce (its sum of squares is 0) and returns the whole norm;
@@ -26,7 +30,9 @@ the shard not changed in place), so that the hint names the mistake.
 """
 import torch
 
-from ddp_teach.exercises.harness import describe_deadlock, run_learner_code
+from ddp_teach.exercises.harness import (UNWAITED_HINT, describe_deadlock,
+                                        lands_on_wait, never_waited,
+                                        run_learner_code)
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 from ddp_teach.flat import flat_slice, shard_size
@@ -46,6 +52,8 @@ CASES = {
 EMPTY_CASE = ("4 numbers cut as FSDP2 cuts them (rank 2's shard is empty)",
               (lambda: torch.tensor([3.0, -1.0, 2.0, 0.5]), 1.0, "chunk"))
 EMPTY_WORLD_SIZE = 3
+NEVER_WAITED = "an async all-reduce never waited"  # what a rank reports then
+SCALAR_BYTES = 8  # a float64 number: what a rank needs to send per call
 EMPTY_TIMEOUT_S = 8.0  # the reference takes well under a second
 ZERO_NORM_HINT = ("a zero gradient has norm 0, and max_norm / norm divides by "
                   "zero. torch's factor is min(1, max_norm / (norm + 1e-6)): "
@@ -80,10 +88,13 @@ def _clip_on_ranks(rank, world_size, fn, cases):
     results = []
     for case in cases:
         shard = _shards(case, world_size)[rank].clone()
-        try:
-            norm = fn(shard, case[1])
-        except NotImplementedError:
-            return NOT_ATTEMPTED
+        with lands_on_wait() as started:  # an async all-reduce lands at wait()
+            try:
+                norm = fn(shard, case[1])
+            except NotImplementedError:
+                return NOT_ATTEMPTED
+            if never_waited(started):
+                return NEVER_WAITED
         results.append((_as_number(norm), repr(norm)[:60], shard))
     return results
 
@@ -149,6 +160,10 @@ def _torch_clip(case, world_size):
 
 
 def _judge(results, cases, names, world_size) -> Verdict | None:
+    if any(isinstance(r, str) and r == NEVER_WAITED for r in results):
+        return Verdict(WRONG, f"on {world_size} rank{'s' * (world_size > 1)}: an "
+                       f"async all-reduce was never waited for.\nHint: "
+                       f"{UNWAITED_HINT}")
     for index, (name, case) in enumerate(zip(names, cases)):
         norm, chunks = _torch_clip(case, world_size)
         for rank, rank_results in enumerate(results):
@@ -168,6 +183,26 @@ def _judge(results, cases, names, world_size) -> Verdict | None:
     return None
 
 
+def _traffic(timeline, calls, world_size) -> Verdict | None:
+    """WRONG when a rank handed collectives more than a number per rank per
+    call: the shards themselves travelled."""
+    allowed = calls * (world_size + 1) * SCALAR_BYTES
+    for rank in range(world_size):
+        moved = sum(e.nbytes for e in timeline.for_rank(rank) if e.kind == "comm")
+        if moved > allowed:
+            return Verdict(WRONG, (
+                f"{world_size} rank{'s' * (world_size > 1)}: the right norms "
+                f"and shards, but rank "
+                f"{rank} handed {moved} bytes to collectives over {calls} "
+                f"calls, where a number per rank ({allowed} bytes at most, in "
+                "float64) is enough.\nHint: gathering the shards (or the "
+                "whole gradient) to every rank gives the right norm at the "
+                "cost of the very memory and traffic that sharding saves: "
+                "each rank sends only its shard's sum of squares, "
+                "all-reduced, then takes the square root."))
+    return None
+
+
 def _empty_shard_hang(err, world_size, timeout) -> str:
     return (f"in the case of {EMPTY_CASE[0]}: "
             + describe_deadlock(err, world_size, timeout).split("\nHint:")[0]
@@ -178,12 +213,13 @@ def check_sharded_clip(fn) -> Verdict:
     names, cases = list(CASES), list(CASES.values())
     for world_size in WORLD_SIZES:
         results, problem = run_learner_code(_clip_on_ranks, world_size, fn,
-                                            args=(cases,))
+                                            args=(cases,), trace=True)
         if problem:
             if "ZeroDivisionError" in problem.message:
                 problem.message += f"\nHint: {ZERO_NORM_HINT}"
             return problem
-        wrong = _judge(results, cases, names, world_size)
+        wrong = _judge(results, cases, names, world_size) or _traffic(
+            results.timeline, len(cases), world_size)
         if wrong:
             return wrong
     name, case = EMPTY_CASE

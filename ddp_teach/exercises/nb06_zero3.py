@@ -17,6 +17,9 @@ input of its own):
   check needs) every tensor Python can still reach is inspected, so full
   parameters kept on the module or in a global are caught, and the module
   must still have its meta parameters;
+- any collective that assembles the shards will do: an all-reduce of a
+  zero-padded buffer is right, and the verdict says what it costs (twice
+  an all-gather's bytes); on one rank no collective is needed at all;
 - sizes not divisible by the world size: the unit has 59 parameters,
   padded to 60 on 2 and 3 ranks; on 1 rank the shard is everything.
   Shards are equal by construction (the flat layout pads), so no rank's is
@@ -73,12 +76,14 @@ def _watch(record):
     """Count the all-gathers and note the shapes given to functional_call;
     returns a function that puts torch's own back."""
     real = {name: getattr(dist, name) for name in
-            ("all_gather_single", "all_gather_into_tensor", "all_gather")}
+            ("all_gather_single", "all_gather_into_tensor", "all_gather",
+             "all_reduce")}
     real_call = torch.func.functional_call
 
-    def counted(gather):
+    def counted(name, gather):
         def counting(*args, **kwargs):
             record["gathered"] = True
+            record["all_reduced"] = record.get("all_reduced") or name == "all_reduce"
             return gather(*args, **kwargs)
         return counting
 
@@ -89,7 +94,7 @@ def _watch(record):
         return real_call(module, params, *args, **kwargs)
 
     for name, gather in real.items():
-        setattr(dist, name, counted(gather))
+        setattr(dist, name, counted(name, gather))
     torch.func.functional_call = functional_call
 
     def restore():
@@ -198,7 +203,7 @@ def _first_problem(got, want, own_first, world_size) -> str | None:
     if "error" in got and not got["gathered"]:
         return (f"your function raised {got['error']} before any all-gather."
                 f"\nHint: {GATHER_FIRST_HINT}")
-    if not got["gathered"]:
+    if not got["gathered"] and world_size > 1:
         return f"no all-gather was called.\nHint: {GATHER_FIRST_HINT}"
     if "error" in got:
         return f"your function raised {got['error']}\nHint: {_error_hint(got)}"
@@ -242,6 +247,7 @@ def _first_problem(got, want, own_first, world_size) -> str | None:
 
 
 def check_gathered_forward(fn) -> Verdict:
+    all_reduced = False
     for world_size in WORLD_SIZES:
         results, problem = run_learner_code(_gather_forward_on_ranks,
                                             world_size, fn, timeout=60.0)
@@ -251,13 +257,19 @@ def check_gathered_forward(fn) -> Verdict:
         own_first = _expected(world_size, lambda rank: [rank] + [
             r for r in range(world_size) if r != rank])
         for rank, got in enumerate(results):
+            all_reduced = all_reduced or bool(got.get("all_reduced"))
             found = _first_problem(got, want[rank], own_first[rank], world_size)
             if found:
                 return Verdict(WRONG, f"on {world_size} rank"
                                f"{'s' * (world_size > 1)}, rank {rank}: {found}")
+    cost = (" You gathered with an all-reduce of a zero-padded buffer: right, "
+            "at about twice an all-gather's traffic (each rank sends and "
+            "receives about 2(N-1)/N of the whole unit instead of (N-1)/N), "
+            "and a full-size buffer on every rank before the sum."
+            if all_reduced else "")
     return Verdict(CORRECT, "the unsharded module's output and input gradient "
                             "on 1, 2 and 3 ranks, and nothing gathered was kept "
-                            "afterwards.")
+                            "afterwards." + cost)
 
 
 register(Exercise(

@@ -7,8 +7,14 @@ is checked (`torch.save` is watched: who writes, to which file):
 
 - one writer: only rank 0 writes; N processes writing one file would
   corrupt it;
-- atomic: rank 0 writes another file first and renames it onto `path`, so
-  a worker killed mid-write leaves the previous checkpoint whole;
+- one writer by the global rank: the ranks run as two nodes of one
+  process each (LOCAL_RANK 0 on both: dt.run would set it to RANK), so a
+  writer chosen by LOCAL_RANK writes twice;
+- atomic: the previous epoch's checkpoint is on disk before the call; at
+  the end of every torch.save (where a killed worker would stop) it must
+  still be there, whole, and afterwards `path` must be another file (a
+  rename), not the same one rewritten: writing into `path`, through an
+  open file or by copying a temporary file onto it all fail;
 - nobody goes on early: when a rank returns, the checkpoint is complete on
   disk. Rank 0's disk is made slow: its `torch.save` does not write until
   rank 1 has returned (or 1.5 s have passed), so a rank that does not wait
@@ -58,7 +64,33 @@ def _load(path):
         return None, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
 
 
+def _target_name(f) -> str:
+    """The file torch.save writes: a path, or an open file object's name."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.basename(os.fspath(f))
+    return os.path.basename(str(getattr(f, "name", repr(f))))
+
+
+def _inode(path):
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _still_previous(path, previous_inode) -> bool:
+    """Whether `path` is still the previous checkpoint, whole: the same
+    file, and it loads as the previous epoch."""
+    seen, _ = _load(path)
+    return (_inode(path) == previous_inode and isinstance(seen, dict)
+            and seen.get("epoch") == EPOCH - 1)
+
+
 def _save_on_ranks(rank, world_size, fn, path):
+    # two nodes of one process each: LOCAL_RANK is 0 on both ranks, and
+    # only the global rank tells the writer (dt.run sets LOCAL_RANK = RANK)
+    os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -66,12 +98,16 @@ def _save_on_ranks(rank, world_size, fn, path):
     opt.step()  # momentum buffers: state the optimizer must keep
     writes, real_save = [], torch.save
     returned = f"{path}.rank{rank}-returned"
+    previous = _inode(path)  # the last epoch's checkpoint, put there by the checker
+    in_place = []
 
     def watched_save(obj, f, *args, **kwargs):
-        writes.append(os.path.basename(str(f)))
+        writes.append(_target_name(f))
         if rank == 0:  # a slow disk: it writes once rank 1 went on, or late
             _wait_for(f"{path}.rank1-returned", SLOW_DISK_S)
         real_save(obj, f, *args, **kwargs)
+        # a worker killed here must leave the previous checkpoint whole
+        in_place.append(not _still_previous(path, previous))
 
     torch.save = watched_save
     try:
@@ -81,11 +117,22 @@ def _save_on_ranks(rank, world_size, fn, path):
     finally:
         torch.save = real_save
     seen, unloadable = _load(path)  # right after the save returned: is it there?
+    replaced = _inode(path) != previous
     open(returned, "w").close()
     for other in range(world_size):  # stay until every rank is done
         _wait_for(f"{path}.rank{other}-returned", 2 * RUN_TIMEOUT_S)
     return {"writes": writes, "seen": seen, "unloadable": unloadable,
+            "in_place": any(in_place), "replaced": replaced,
             "model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
+def _previous_checkpoint(path) -> None:
+    """The last epoch's checkpoint, on disk before the save is called."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "epoch": EPOCH - 1}, path)
 
 
 def _on_hang(err, world_size, timeout) -> str:
@@ -125,6 +172,7 @@ def _content_hint(state, zero) -> str | None:
 def check_checkpoint_save(fn) -> Verdict:
     work = tempfile.mkdtemp(prefix="checkpoint-check-")
     try:
+        _previous_checkpoint(os.path.join(work, "ckpt.pt"))
         results, problem = run_learner_code(
             _save_on_ranks, 2, fn, timeout=RUN_TIMEOUT_S,
             args=(os.path.join(work, "ckpt.pt"),), on_hang=_on_hang)
@@ -134,22 +182,34 @@ def check_checkpoint_save(fn) -> Verdict:
         return problem
     zero, one = results
     if one["writes"]:
-        return Verdict(WRONG, "rank 1 wrote too.\nHint: every rank holds the "
-                       "same model; only rank 0 writes (if dist.get_rank() == "
-                       "0:), or N processes write one file at once.")
+        return Verdict(WRONG, "rank 1 wrote too. Here the two ranks run on two "
+                       "nodes, one process each: LOCAL_RANK is 0 on both, RANK "
+                       "is 0 and 1.\nHint: every rank holds the same model; "
+                       "only rank 0 writes (the global rank: if "
+                       "dist.get_rank() == 0:, not LOCAL_RANK, which is 0 once "
+                       "per node), or N "
+                       "processes write one file at once.")
     if not zero["writes"]:
         return Verdict(WRONG, "nothing was written.\nHint: rank 0 calls "
                        "torch.save(state, ...).")
-    if one["seen"] is None and one["unloadable"] is None:
+    if one["seen"] is None and one["unloadable"] is None or \
+            isinstance(one["seen"], dict) and one["seen"].get("epoch") == EPOCH - 1:
         return Verdict(WRONG, "rank 1 went on before the checkpoint was on "
                        "disk (rank 0's disk was slow).\nHint: every rank calls "
                        "dist.barrier() after rank 0's save.")
-    if zero["writes"][0] == "ckpt.pt":
-        return Verdict(WRONG, "rank 0 wrote straight into the checkpoint's "
-                       "file: a worker killed mid-write leaves half a file, "
-                       "and the restart cannot load it.\nHint: save to "
-                       "f\"{path}.tmp\", then os.replace(tmp, path), which "
-                       "renames in one step.")
+    if zero["in_place"]:
+        return Verdict(WRONG, "while rank 0's torch.save wrote, the "
+                       "checkpoint's own file no longer held the last epoch's "
+                       "checkpoint: a worker killed mid-write leaves half a "
+                       "file (or none), and the restart cannot load it.\nHint: "
+                       "save to f\"{path}.tmp\", then os.replace(tmp, path), "
+                       "which renames in one step.")
+    if not zero["replaced"]:
+        return Verdict(WRONG, "the checkpoint's file was rewritten in place "
+                       "(copied onto? shutil.copyfile writes it byte by "
+                       "byte), not renamed onto: a worker killed mid-copy "
+                       "leaves half a file.\nHint: os.replace(tmp, path) puts "
+                       "the finished file there in one step.")
     if one["unloadable"]:
         return Verdict(WRONG, f"the checkpoint cannot be loaded as a restart "
                        f"loads it, torch.load(path, weights_only=True): "

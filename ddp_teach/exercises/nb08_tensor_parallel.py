@@ -16,7 +16,9 @@ into 6, 3 and 2):
   all-reduce (Megatron's f) and is not asked for;
 - communication: the outputs are gathered, never the weights; a rank that
   gathers the whole weight matrix holds what tensor parallelism exists to
-  split.
+  split. Weights are recognised by their numbers, in any shape (transposed,
+  flattened, copied), and a rank may hand all-gather no more numbers than
+  its own slice of the output (BATCH < IN here, so a weight shard is larger).
 
 A wrong result is compared with what concatenating along the batch,
 forgetting the bias, all-reducing instead of all-gathering, returning the
@@ -63,7 +65,7 @@ def _column_on_ranks(rank, world_size, fn):
             sent = args[1] if len(args) > 1 else kwargs.get(
                 "tensor", kwargs.get("input_tensor"))
             if isinstance(sent, torch.Tensor):
-                gathered.append(tuple(sent.shape))
+                gathered.append(sent.detach().clone())
             return real[name](*args, **kwargs)
         return gather
     for name in GATHERS:
@@ -80,7 +82,17 @@ def _column_on_ranks(rank, world_size, fn):
             setattr(dist, name, gather)
     return dict(out=out.detach() if isinstance(out, torch.Tensor) else out,
                 weight_grad=w.grad, bias_grad=b.grad,
-                gathered_weights=tuple(w.shape) in gathered)
+                gathered_weights=any(_holds_weights(t, w) for t in gathered),
+                gathered_numel=sum(t.numel() for t in gathered))
+
+
+def _holds_weights(sent: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a gathered tensor is the weight shard in any shape (itself,
+    transposed, flattened, as a copy): the same numbers, in any order."""
+    if sent.numel() != weight.numel() or not sent.is_floating_point():
+        return False
+    return torch.equal(sent.flatten().float().sort().values,
+                       weight.detach().flatten().float().sort().values)
 
 
 def _column_hint(got, world_size) -> str | None:
@@ -122,8 +134,11 @@ def _column_hint(got, world_size) -> str | None:
 
 def _gradient_hint(got, rank, world_size) -> str | None:
     """The mistake in the gradients that reached the shards, or None."""
-    if got["gathered_weights"]:
-        return ("the output is right, but the weights were gathered: every "
+    own_outputs = BATCH * OUT // world_size  # this rank's slice of the output
+    if got["gathered_weights"] or got["gathered_numel"] > own_outputs:
+        return ("the output is right, but the weights were gathered (or "
+                f"more than the {own_outputs} numbers of this rank's output "
+                "slice were handed to all-gather): every "
                 "rank then holds the whole matrix, which tensor parallelism "
                 "exists to split. Gather the outputs: each rank computes its "
                 "own features from its own weight_shard.")

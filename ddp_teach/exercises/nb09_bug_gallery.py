@@ -12,7 +12,9 @@ values (the last batch of an epoch):
   not a count assumed equal on every rank, not the world size as count);
 - a rank that holds no values is no problem (no 0/0 on it);
 - the same answer on every rank (all_reduce, not reduce to rank 0);
-- the caller's tensor left as it was.
+- the caller's tensor left as it was;
+- an async all-reduce (async_op=True) is waited for: its result lands only
+  at wait() (harness.lands_on_wait), so one never waited fails every time.
 
 `strip_ddp_prefix(state_dict)`, on a DDP state dict and on a bare one:
 - a new dict whose keys lose the leading "module." once, values unchanged,
@@ -20,17 +22,20 @@ values (the last batch of an epoch):
 - only at the start, and only that prefix: "module." inside a key
   ("model.module.bias", "model.submodule.weight") stays, a submodule called
   `module` keeps its name ("module.module.weight" -> "module.weight"), and
-  a key without the prefix is kept whole (not cut by 7 characters);
+  a key without the prefix is kept whole (not cut by 7 characters), also
+  one that starts with "module" but not "module." ("module_norm.weight");
 - the prefix removed as a word: `str.lstrip("module.")` removes any of the
   characters m, o, d, u, l, e and "." ("embed.weight" -> "bed.weight").
 """
 import math
+from collections import OrderedDict
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_teach.exercises.harness import run_learner_code
+from ddp_teach.exercises.harness import (UNWAITED_HINT, lands_on_wait, never_waited,
+                                        run_learner_code)
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
 
@@ -45,11 +50,13 @@ def _local_losses(rank: int, world_size: int) -> torch.Tensor:
 
 def _mean_on_ranks(rank, world_size, fn):
     given = _local_losses(rank, world_size)
-    try:
-        got = fn(given)
-    except NotImplementedError:
-        return NOT_ATTEMPTED
-    return {"mean": float(got),
+    with lands_on_wait() as started:  # an async all-reduce lands at wait()
+        try:
+            got = fn(given)
+        except NotImplementedError:
+            return NOT_ATTEMPTED
+        unwaited = never_waited(started)
+    return {"mean": float(got), "unwaited": unwaited,
             "changed": not torch.equal(given, _local_losses(rank, world_size))}
 
 
@@ -99,6 +106,10 @@ def check_dataset_mean(fn) -> Verdict:
         if problem:
             return problem
         counts = [_local_losses(r, world_size).numel() for r in range(world_size)]
+        if any(seen["unwaited"] for seen in results):
+            return Verdict(WRONG, f"{world_size} ranks holding {counts} values: "
+                           f"an async all-reduce was never waited for.\nHint: "
+                           f"{UNWAITED_HINT}")
         want = torch.cat([_local_losses(r, world_size) for r in range(world_size)]).mean().item()
         for rank, seen in enumerate(results):
             right = math.isclose(seen["mean"], want, rel_tol=1e-5)
@@ -143,9 +154,13 @@ class _Wrapped(nn.Module):
 
 def _bare_models() -> list:
     """A model to wrap, and one whose own keys have no top-level `module`
-    (a bare state dict with it would look like a DDP one)."""
+    (a bare state dict with it would look like a DDP one), but one that
+    starts with the letters "module" without the dot: `module_norm`."""
     torch.manual_seed(0)
-    return [_Wrapped(), nn.Sequential(nn.Linear(3, 2), _Block(), nn.Linear(1, 3))]
+    bare = nn.Sequential(OrderedDict([("0", nn.Linear(3, 2)), ("1", _Block()),
+                                      ("2", nn.Linear(1, 3)),
+                                      ("module_norm", nn.LayerNorm(3))]))
+    return [_Wrapped(), bare]
 
 
 def _strip_repeatedly(key: str) -> str:
@@ -155,6 +170,10 @@ def _strip_repeatedly(key: str) -> str:
 
 
 PREFIX_MISTAKES = [  # (what the mistake does to a key, the hint that names it)
+    (lambda key: key[len("module."):] if key.startswith("module") else key,
+     "'module_norm.weight' starts with 'module' but not with 'module.', and "
+     "lost its first 7 characters: test the whole prefix, dot included, "
+     "key.startswith('module.'), or use key.removeprefix('module.')."),
     (lambda key: key.lstrip("module."),
      "str.lstrip('module.') removes any of the CHARACTERS m, o, d, u, l, e and "
      "'.' from the left, not the word: 'module.embed.weight' became "

@@ -26,8 +26,10 @@ What the reference guarantees, and the mistakes that break each property
 7. one GPU has nothing to all-reduce: exactly compute_s;
 8. a real number comes back, not a tensor.
 A wrong answer that is none of these is probed property by property (the
-compute, then one GPU, then the latency, then the bytes), and the hint
-says which one failed, with what the learner's function gave.
+compute, where it is larger and where the all-reduce is, so that an
+answer assuming overlap is named; then one GPU, then the latency, then the
+bytes), and the hint says which one failed, with what the learner's
+function gave.
 """
 import math
 import numbers
@@ -164,6 +166,16 @@ def _probe(fn) -> str:
             return (f"with one second more of compute your step grows by "
                     f"{grows:.6g} s: nothing overlaps the compute here, so it "
                     f"must grow by exactly 1 s (the two add).")
+        slow = LINKS["10GbE"]  # a gigabyte on it: seconds of all-reduce
+        hidden = float(fn(0.1, 1e9, n, slow)) - float(fn(0.0, 1e9, n, slow))
+        if not math.isclose(hidden, 0.1, rel_tol=1e-6):
+            return (f"where the all-reduce is long (a gigabyte on 10GbE, "
+                    f"{n} GPUs), 0.1 s more of compute makes your step "
+                    f"{hidden:.6g} s longer, not 0.1 s: your answer lets "
+                    "the compute overlap the all-reduce (a max, or part of "
+                    "one hidden in the other). Here nothing overlaps: the "
+                    "one bucket is ready only at the end of backward, so "
+                    "the step is the compute PLUS the all-reduce.")
         alone = fn(0.2, nbytes, 1, link)
         if not _close(float(alone), 0.2):
             return (f"with one GPU (compute_s=0.2, world_size=1) your function "

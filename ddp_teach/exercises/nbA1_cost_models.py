@@ -25,7 +25,9 @@ empty inputs enter this exercise.
 Wrong answers are matched with the mistakes they look like: the pair
 reversed, t = alpha + n beta fitted, p ignored (fitted as for 2 ranks),
 microseconds returned, numpy's whole lstsq result returned, an unweighted
-fit, so that the hint names the mistake actually made.
+fit, a fit weighted by the time squared or by its square root, so that the
+hint names the mistake actually made (a fit weighted otherwise is told the
+rule, not "unweighted").
 """
 import numpy as np
 
@@ -122,12 +124,43 @@ def check_fit(fn) -> Verdict:
             f"exact data is fitted, but on times with a few percent of noise "
             f"(p={p}) you returned alpha={got[0]:.4g}, beta={got[1]:.4g}; the "
             f"least-squares fit of the relative error gives alpha={want[0]:.4g}, "
-            f"beta={want[1]:.4g}.\nHint: an unweighted fit lets the largest "
-            "messages, whose times are largest, decide alpha too. Divide each "
-            "row of the matrix and its time by that time, and solve against a "
-            "vector of ones."))
+            f"beta={want[1]:.4g}.\nHint: " + _weighting_hint(got, times, p)))
     return Verdict(CORRECT, "recovered alpha and beta within 1% for p = 2, 4, 8, "
                             "and fitted noisy times on their relative error.")
+
+
+WEIGHTINGS = [  # (power of the time each row is divided by, the hint)
+    (0, "an unweighted fit lets the largest messages, whose times are "
+        "largest, decide alpha too. Divide each row of the matrix and its "
+        "time by that time, and solve against a vector of ones."),
+    (2, "each row was divided by its time squared (or divided twice): the "
+        "smallest messages then outweigh the rest. Divide each row and its "
+        "time by the time once: the residuals are then relative errors."),
+    (0.5, "each row was divided by the square root of its time: halfway "
+          "between no weighting and the relative error. Divide each row and "
+          "its time by the time itself."),
+]
+
+
+def weighted_fit(times, p, power) -> tuple:
+    """Least squares with each row and its time divided by time ** power."""
+    design = np.column_stack([np.full(len(SIZES), 2.0 * (p - 1)),
+                              2.0 * (p - 1) / p * SIZES])
+    weight = 1.0 / np.asarray(times) ** power
+    solution = np.linalg.lstsq(design * weight[:, None], times * weight,
+                               rcond=None)[0]
+    return tuple(solution)
+
+
+def _weighting_hint(got, times, p) -> str:
+    """The weighting that `got` is the fit of, named; or the general rule."""
+    for power, hint in WEIGHTINGS:
+        fitted = weighted_fit(times, p, power)
+        if all(abs(g - f) <= NOISY_RTOL * abs(f) for g, f in zip(got, fitted)):
+            return hint
+    return ("fit the relative error: divide each row of the matrix and its "
+            "time by that time (once), and solve against a vector of ones; "
+            "then return (alpha, beta) from the solution, unchanged.")
 
 
 def _reference():

@@ -2,6 +2,7 @@
 also checks the reference and a stub): the unfixed hang is explained (where
 each rank waited), a fix that drops a collective is told which one to keep,
 and each other way to get the values wrong is named."""
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -88,6 +89,52 @@ def returns_a_dict(rank, world_size):
     return {"a": a.item(), "b": b.item()}
 
 
+def async_never_waited(rank, world_size):
+    """The all-reduce started with async_op=True and its work dropped: the
+    value is right only when the message happened to land in time."""
+    a = torch.tensor([float(rank + 1)])
+    b = torch.tensor([float(rank + 100)])
+    dist.all_reduce(a, async_op=True)
+    dist.broadcast(b, src=0)
+    return a.item(), b.item()
+
+
+def async_broadcast_never_waited(rank, world_size):
+    a = torch.tensor([float(rank + 1)])
+    b = torch.tensor([float(rank + 100)])
+    dist.all_reduce(a)
+    dist.broadcast(b, src=0, async_op=True)
+    return a.item(), b.item()
+
+
+def async_waited(rank, world_size):
+    """Right: both collectives async, both waited before reading."""
+    a = torch.tensor([float(rank + 1)])
+    b = torch.tensor([float(rank + 100)])
+    works = [dist.all_reduce(a, async_op=True),
+             dist.broadcast(b, src=0, async_op=True)]
+    for work in works:
+        work.wait()
+    return a.item(), b.item()
+
+
+def async_future_and_polling(rank, world_size):
+    """Right, in another style: wait on the work's future, poll the other."""
+    a = torch.tensor([float(rank + 1)])
+    b = torch.tensor([float(rank + 100)])
+    dist.all_reduce(a, async_op=True).get_future().wait()
+    work = dist.broadcast(b, src=0, async_op=True)
+    while not work.is_completed():
+        pass
+    return float(a), float(b)
+
+
+@pytest.mark.parametrize("right", [async_waited, async_future_and_polling])
+def test_async_collectives_waited_in_any_style_are_right(right, verdict):
+    passed, seen = verdict("fix_hang", right)
+    assert passed, seen
+
+
 def test_one_element_tensors_count_as_the_numbers(verdict):
     passed, seen = verdict("fix_hang", returns_tensors)
     assert passed, seen
@@ -105,4 +152,6 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
                                    "not constants typed in")),
     ("fix_hang", pair_reversed, "you returned (b, a)"),
     ("fix_hang", returns_a_dict, "return the pair (a, b)"),
+    ("fix_hang", async_never_waited, ("never waited for it", "work.wait()")),
+    ("fix_hang", async_broadcast_never_waited, "never waited for it"),
 ]

@@ -17,12 +17,15 @@ def check(name, fn, capsys):
 
 
 def ring(tensor, all_gather_shift=0, blocking=False, read_early=False,
-         batched=False, split=None, detach=True):
+         batched=False, split=None, detach=True, copy_back=True):
     """A ring all-reduce with knobs for classic mistakes (and for
     batch_isend_irecv, which is right too). `split(flat, p)` cuts the flat
-    tensor into chunks (tensor_split unless given)."""
+    tensor into chunks (tensor_split unless given). A non-contiguous tensor
+    is worked on as a flat copy, copied back at the end (unless not
+    copy_back: the reshape(-1) mistake)."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    flat = (tensor.detach() if detach else tensor).view(-1)
+    target = tensor.detach() if detach else tensor
+    flat = target.reshape(-1)
     chunks = list(split(flat, world) if split else flat.tensor_split(world))
     right, left = (rank + 1) % world, (rank - 1) % world
 
@@ -56,6 +59,8 @@ def ring(tensor, all_gather_shift=0, blocking=False, read_early=False,
         start = rank + 1 + all_gather_shift
         exchange((start - step) % world, (start - step - 1) % world,
                  lambda mine, theirs: mine.copy_(theirs))
+    if copy_back and flat.data_ptr() != target.data_ptr():
+        target.copy_(flat.view_as(target))
 
 
 def averaged(tensor):
@@ -87,7 +92,7 @@ def whole_tensor_ring(tensor):
     """Right sums, but every step passes a whole tensor round the ring:
     (p-1) n bytes out per rank where a ring of chunks sends 2(p-1)/p n."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    total, passing = tensor.detach().clone(), tensor.detach().clone()
+    total, passing = tensor.detach().clone(), tensor.detach().contiguous().clone()
     for _ in range(world - 1):
         incoming = torch.empty_like(passing)
         works = [dist.isend(passing, (rank + 1) % world),
@@ -134,16 +139,19 @@ def gather_without_own(tensor):
     return everyone
 
 
-def gather_ring(tensor, own=lambda t: t.detach().clone(), reuse_buffer=False):
-    """A ring all-gather with knobs: what goes in the own slot, and one
-    receive buffer for every step."""
+def gather_ring(tensor, own=lambda t: t.detach().clone(), reuse_buffer=False,
+                flat_slots=False):
+    """A ring all-gather with knobs: what goes in the own slot, one receive
+    buffer for every step, slots left flat. Buffers are contiguous (a
+    non-contiguous input is sent as a contiguous copy)."""
     world, rank = dist.get_world_size(), dist.get_rank()
+    shape = (tensor.numel(),) if flat_slots else tensor.shape
     out = [None] * world
-    out[rank] = own(tensor)
-    buffer = torch.empty_like(tensor.detach())
+    out[rank] = own(tensor).reshape(shape)
+    buffer = torch.empty(shape, dtype=tensor.dtype)
     for step in range(world - 1):
-        incoming = buffer if reuse_buffer else torch.empty_like(tensor.detach())
-        works = [dist.isend(out[(rank - step) % world], (rank + 1) % world),
+        incoming = buffer if reuse_buffer else torch.empty(shape, dtype=tensor.dtype)
+        works = [dist.isend(out[(rank - step) % world].contiguous(), (rank + 1) % world),
                  dist.irecv(incoming, (rank - 1) % world)]
         for work in works:
             work.wait()
@@ -199,6 +207,25 @@ def relative_fit(sizes, times, p):
     return float(alpha), float(beta)
 
 
+def normal_equations_fit(sizes, times, p):
+    """Right, in another style: the weighted normal equations solved with
+    np.linalg.solve, returned as a numpy array."""
+    n, t = np.asarray(sizes, float), np.asarray(times, float)
+    columns = np.stack([np.full_like(n, 2.0 * (p - 1)), 2.0 * (p - 1) / p * n], axis=1)
+    w = 1.0 / t ** 2  # the squared relative error's weight
+    return np.linalg.solve(columns.T @ (columns * w[:, None]), columns.T @ (t * w))
+
+
+def test_a_fit_by_the_normal_equations_passes(capsys):
+    assert check("fit_alpha_beta", normal_equations_fit, capsys)[0]
+
+
+def fit_weighted_by_the_time_squared(sizes, times, p):
+    """Each row divided by its time twice: not "unweighted"."""
+    from ddp_teach.exercises.nb01_alpha_beta import weighted_fit
+    return weighted_fit(np.asarray(times), p, 2)
+
+
 def test_a_relative_least_squares_fit_passes(capsys):
     assert check("fit_alpha_beta", relative_fit, capsys)[0]
 
@@ -221,6 +248,35 @@ def test_hint_solution_and_unknown_names(capsys):
 
 def always_sends(tensor):
     dist.send(tensor, dst=(dist.get_rank() + 1) % dist.get_world_size())
+
+
+def test_a_ring_of_any_shape_in_another_style_passes(capsys):
+    """Right, in another style: chunks as index ranges of a contiguous
+    copy, blocking send/recv ordered by parity, the result copied back."""
+    def parity_ring(tensor):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        work = tensor.detach().contiguous().view(-1).clone()
+        bounds = [len(c) for c in torch.arange(work.numel()).tensor_split(world)]
+        starts = [sum(bounds[:i]) for i in range(world)]
+        piece = lambda i: work[starts[i]:starts[i] + bounds[i]]  # noqa: E731
+
+        def exchange(send_i, recv_i):
+            incoming = torch.empty_like(piece(recv_i))
+            if rank % 2 == 0:
+                dist.send(piece(send_i).clone(), (rank + 1) % world)
+                dist.recv(incoming, (rank - 1) % world)
+            else:
+                dist.recv(incoming, (rank - 1) % world)
+                dist.send(piece(send_i).clone(), (rank + 1) % world)
+            return incoming
+        for step in range(world - 1):
+            piece((rank - step - 1) % world).add_(
+                exchange((rank - step) % world, (rank - step - 1) % world))
+        for step in range(world - 1):
+            s, r = (rank + 1 - step) % world, (rank - step) % world
+            piece(r).copy_(exchange(s, r))
+        tensor.detach().copy_(work.view_as(tensor))
+    assert check("ring_allreduce", parity_ring, capsys)[0]
 
 
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
@@ -260,4 +316,11 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("fit_alpha_beta", fitted_for_two_ranks, "use the p you are given"),
     ("fit_alpha_beta", in_microseconds, "not microseconds"),
     ("fit_alpha_beta", whole_lstsq_result, "np.linalg.lstsq's whole result"),
+    # tried as a learner would (issue 34)
+    ("ring_allreduce", lambda t: ring(t, copy_back=False),
+     ("non-contiguous 3 x 4", "returns a COPY", "tensor.copy_(flat.view_as(tensor))")),
+    ("all_gather_p2p", lambda t: gather_ring(t, flat_slots=True),
+     ("each slot has shape", "the input's shape")),
+    ("fit_alpha_beta", fit_weighted_by_the_time_squared,
+     ("divided by its time squared", "once")),
 ]

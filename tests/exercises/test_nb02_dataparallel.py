@@ -149,3 +149,69 @@ def test_scatter_hint_for_tensor_split_names_both_sizes(verdict):
 def test_gather_shows_the_values_when_the_shapes_agree(verdict):
     passed, seen = verdict("dp_gather", lambda outputs, target: torch.cat(outputs) * 2)
     assert not passed and "expected [0, 1, 2" in seen and "got [0, 2, 4" in seen, seen
+
+
+# ---- tried as a learner would (issue 34) ----------------------------------------
+
+def gather_ignoring_the_target(outputs, target):
+    """Joins right, but leaves the result where the pieces were."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(outputs)
+    if isinstance(first, dict):
+        return {k: gather_ignoring_the_target([o[k] for o in outputs], target)
+                for k in first}
+    return type(first)(gather_ignoring_the_target(list(c), target) for c in zip(*outputs))
+
+
+def gather_by_recursion_with_map(outputs, target):
+    """Right, in another style: moved first, then joined, a dict rebuilt
+    with a comprehension and sequences with map."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat([o.to(target) for o in outputs], dim=0)
+    if isinstance(first, dict):
+        return type(first)({k: gather_by_recursion_with_map([o[k] for o in outputs],
+                                                            target) for k in first})
+    return type(first)(map(lambda column: gather_by_recursion_with_map(list(column),
+                                                                       target),
+                           zip(*outputs)))
+
+
+def scatter_left_on_the_cpu(inputs, devices):
+    """Cuts right, but never moves a piece to its device."""
+    return dp.scatter(inputs, ["cpu"] * len(devices))
+
+
+def scatter_with_tensor_split_and_zip(inputs, devices):
+    """Right, in another style: pieces of ceil(rows / n) rows by split,
+    containers rebuilt by zip, each piece moved as it is made."""
+    n = len(devices)
+    if isinstance(inputs, torch.Tensor):
+        size = -(-len(inputs) // n) if len(inputs) else 1
+        return [piece.to(device) for piece, device
+                in zip(inputs.split(size), devices)]
+    if isinstance(inputs, (tuple, list)) and inputs:
+        columns = [scatter_with_tensor_split_and_zip(item, devices) for item in inputs]
+        return [type(inputs)(row) for row in zip(*columns)]
+    if isinstance(inputs, dict) and inputs:
+        columns = {k: scatter_with_tensor_split_and_zip(v, devices)
+                   for k, v in inputs.items()}
+        return [type(inputs)(zip(columns, row)) for row in zip(*columns.values())]
+    return [inputs for _ in devices]
+
+
+def test_a_scatter_in_another_style_passes(verdict):
+    passed, seen = verdict("dp_scatter", scatter_with_tensor_split_and_zip)
+    assert passed, seen
+
+
+def test_a_gather_in_another_style_passes(verdict):
+    passed, seen = verdict("dp_gather", gather_by_recursion_with_map)
+    assert passed, seen
+
+
+PLANTED += [
+    ("dp_gather", gather_ignoring_the_target, ("onto target \"meta\"", ".to(target)")),
+    ("dp_scatter", scatter_left_on_the_cpu, ("must be on devices[d]", "piece.to(device)")),
+]

@@ -96,6 +96,78 @@ def pool_of_two(replicas, inputs, devices):
                              replicas, inputs))
 
 
+def raises_at_the_first_join(replicas, inputs, devices):
+    """Joins in order and raises as soon as a joined replica failed: the
+    replicas after it may still be running."""
+    results, errors = [None] * len(replicas), [None] * len(replicas)
+    grad = torch.is_grad_enabled()
+
+    def work(i):
+        args = inputs[i] if isinstance(inputs[i], tuple) else (inputs[i],)
+        try:
+            with torch.set_grad_enabled(grad):
+                results[i] = replicas[i](*args)
+        except Exception as exc:
+            errors[i] = exc
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(replicas))]
+    for t in threads:
+        t.start()
+    for i, t in enumerate(threads):
+        t.join()
+        if errors[i] is not None:
+            raise RuntimeError(f"replica {i}: {errors[i]}")
+    return results
+
+
+def capitalised_names(replicas, inputs, devices):
+    """Right, naming the replica with a capital and keeping the cause."""
+    results, errors = [None] * len(replicas), {}
+
+    def work(i, grad):
+        with torch.set_grad_enabled(grad):
+            try:
+                results[i] = replicas[i](*inputs[i]) if isinstance(inputs[i], tuple) \
+                    else replicas[i](inputs[i])
+            except Exception as exc:
+                errors[i] = exc
+    threads = [threading.Thread(target=work, args=(i, torch.is_grad_enabled()))
+               for i in range(len(replicas))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        first = min(errors)
+        raise ValueError(f"Replica {first} FAILED ON {devices[first].upper()}") \
+            from errors[first]
+    return results
+
+
+def pool_as_wide_as_the_replicas(replicas, inputs, devices):
+    """Right, in another style: a pool with a worker per replica; the
+    first error is re-raised by future.result(), with its device named."""
+    grad = torch.is_grad_enabled()
+
+    def call(replica, x):
+        with torch.set_grad_enabled(grad):
+            return replica(*x) if isinstance(x, tuple) else replica(x)
+    with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
+        futures = [pool.submit(call, r, x) for r, x in zip(replicas, inputs)]
+    outputs = []
+    for index, future in enumerate(futures):
+        try:
+            outputs.append(future.result())
+        except Exception as exc:
+            raise RuntimeError(f"Device {index} ({devices[index]}): {exc}") from exc
+    return outputs
+
+
+def test_a_failing_replica_named_in_any_case_or_style_is_right(verdict):
+    for right in (capitalised_names, pool_as_wide_as_the_replicas):
+        passed, seen = verdict("dp_parallel_apply", right)
+        assert passed, seen
+
+
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("dp_parallel_apply", one_thread, "start a threading.Thread per replica"),
     ("dp_parallel_apply", threaded(on_error="swallow"), "an exception in a thread is lost"),
@@ -112,6 +184,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("dp_parallel_apply", pool_of_two, ("at most 2 of 3", "fewer threads than replicas")),
     ("dp_parallel_apply", never_joined, ("got None", "join() every thread")),
     ("dp_parallel_apply", replica_as_the_target, "throws its target's return value away"),
+    ("dp_parallel_apply", raises_at_the_first_join, ("replica 0 failed",
+                                                     "still running")),
 ]
 
 

@@ -101,3 +101,29 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("ddp_bucket_assignment", sorts_each_bucket, "not the indices sorted"),
     ("ddp_bucket_assignment", one_empty_bucket_for_no_parameters, "no parameters, no buckets"),
 ]
+
+
+def numpy_indices(sizes, cap, first_cap):
+    """Right, with each index a numpy integer (np.arange walking backwards)."""
+    import numpy as np
+    return [[np.int64(i) for i in bucket]
+            for bucket in bucket_indices(sizes, cap, first_cap)]
+
+
+def tensor_buckets(sizes, cap, first_cap):
+    """Right, each bucket a tensor of indices."""
+    import torch
+    return [torch.tensor(bucket, dtype=torch.long)
+            for bucket in bucket_indices(sizes, cap, first_cap)]
+
+
+def test_indices_of_any_integral_type_are_accepted(verdict):
+    for right in (numpy_indices, tensor_buckets):
+        passed, seen = verdict("ddp_bucket_assignment", right)
+        assert passed, seen
+
+
+def test_bools_and_floats_are_not_indices(verdict):
+    passed, seen = verdict("ddp_bucket_assignment", lambda s, c, f: [
+        [float(i) for i in b] for b in bucket_indices(s, c, f)])
+    assert not passed and "each a list of parameter indices" in seen, seen

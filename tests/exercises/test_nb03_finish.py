@@ -102,3 +102,31 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("ddp_finish", walks_the_params_in_reverse, "went to the parameters in reverse"),
     ("ddp_finish", divides_by_the_number_of_buckets, "the average times 1.5"),
 ]
+
+
+def waits_on_the_future(buckets, world_size):
+    """Right, waiting through the work's future, as torch's Work allows."""
+    for bucket in buckets:
+        summed = bucket["work"].get_future().wait()[0]
+        summed /= world_size
+        offset = 0
+        for p in bucket["params"]:
+            p.grad.copy_(summed[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def polls_then_splits(buckets, world_size):
+    """Right, polling is_completed() and splitting the buffer by sizes."""
+    for bucket in buckets:
+        while not bucket["work"].is_completed():
+            pass
+        pieces = (bucket["buffer"] / world_size).split(
+            [p.numel() for p in bucket["params"]])
+        for p, piece in zip(bucket["params"], pieces):
+            p.grad = piece.view_as(p).clone()
+
+
+def test_a_work_waited_through_its_future_or_polled_is_right(verdict):
+    for right in (waits_on_the_future, polls_then_splits):
+        passed, seen = verdict("ddp_finish", right)
+        assert passed, seen

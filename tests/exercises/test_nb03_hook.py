@@ -112,6 +112,44 @@ def weights_only(pending):
     return hook
 
 
+# tried as a learner would (issue 34)
+
+def once_per_parameter_ever(pending):
+    """Guards against a double call with a set that is never emptied: the
+    next backward starts nothing."""
+    done = set()
+
+    def hook(param):
+        if id(param) in done:
+            return
+        done.add(id(param))
+        pending.append((param, dist.all_reduce(param.grad, async_op=True)))
+    return hook
+
+
+class _HookObject:
+    """Right, in another style: a callable object holding the list."""
+
+    def __init__(self, pending):
+        self.pending = pending
+
+    def __call__(self, param):
+        work = dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, async_op=True)
+        self.pending += [(param, work)]
+
+
+def hook_with_extend(pending):
+    """Right, in another style: a lambda and list.extend."""
+    return lambda param: pending.extend(
+        [(param, dist.all_reduce(param.grad, async_op=True))])
+
+
+def test_hooks_in_other_styles_pass(verdict):
+    for right in (_HookObject, hook_with_extend):
+        passed, seen = verdict("ddp_grad_hook", right)
+        assert passed, seen
+
+
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("ddp_grad_hook", blocking_hook, "async_op=True"),
     ("ddp_grad_hook", forgetful_hook, "(work.wait()) before backward went on"),
@@ -129,4 +167,6 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("ddp_grad_hook", appends_work_then_param, ("each (work, param)", "the parameter itself first")),
     ("ddp_grad_hook", waits_with_wait_all, "a wait on the work's future"),
     ("ddp_grad_hook", weights_only, "all-reduces for 4 parameters"),
+    ("ddp_grad_hook", once_per_parameter_ever,
+     ("on the next one", "keep no state of its own")),
 ]

@@ -216,3 +216,60 @@ PLANTED += [
     ("compression_hook", divides_by_every_rank, ("ranks 0 and 1 of 3",
                                                  "dist.get_world_size(process_group)")),
 ]
+
+
+# ---- tried as a learner would (issue 34) ----------------------------------------
+
+def held_below_fp16_max(scale, tracker, found_inf, growth, backoff, interval):
+    """The scale kept within fp16's range: but the scale is an fp32 number."""
+    new_scale, count = next_scale(scale, tracker, found_inf, growth, backoff, interval)
+    return (new_scale if new_scale <= torch.finfo(torch.float16).max else scale), count
+
+
+def clamped_at_fp32_max(scale, tracker, found_inf, growth, backoff, interval):
+    """A growth past fp32's largest clamped to it instead of not applied."""
+    if found_inf:
+        return scale * backoff, 0
+    if tracker + 1 == interval:
+        return min(scale * growth, torch.finfo(torch.float32).max), 0
+    return scale, tracker + 1
+
+
+def as_a_tensor_like_gradscaler(scale, tracker, found_inf, growth, backoff, interval):
+    """Right, in GradScaler's own style: an fp32 tensor grown only if finite,
+    the count returned as a 0-d integer tensor."""
+    scale_t = torch.tensor(scale, dtype=torch.float32)
+    count = torch.tensor(tracker)
+    if found_inf:
+        return (scale_t * backoff).item(), torch.tensor(0)
+    count += 1
+    if count == interval:
+        grown = scale_t * growth
+        return (grown if torch.isfinite(grown) else scale_t).item(), torch.tensor(0)
+    return scale, count
+
+
+def with_math_isfinite(scale, tracker, found_inf, growth, backoff, interval):
+    """Right, in another style: one expression per branch."""
+    import math
+    if found_inf:
+        return backoff * scale, 0
+    if tracker + 1 < interval:
+        return scale, tracker + 1
+    grown = scale * growth
+    fits = math.isfinite(grown) and grown <= torch.finfo(torch.float32).max
+    return (grown if fits else scale), 0
+
+
+def test_loss_scale_in_other_styles_passes(verdict):
+    for right in (as_a_tensor_like_gradscaler, with_math_isfinite):
+        passed, seen = verdict("loss_scale_update", right)
+        assert passed, seen
+
+
+PLANTED += [
+    ("loss_scale_update", held_below_fp16_max, ("below fp16's largest",
+                                                "the scale is an fp32 number")),
+    ("loss_scale_update", clamped_at_fp32_max, ("does not clamp",
+                                                "keeps the old scale")),
+]

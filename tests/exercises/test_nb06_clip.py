@@ -77,6 +77,57 @@ def skips_an_empty_shard(shard_grad, max_norm):
     return norm
 
 
+# tried as a learner would (issue 34)
+
+def gathers_every_shard(shard_grad, max_norm):
+    """The right norm, by gathering every shard to every rank: the memory
+    and traffic sharding exists to save."""
+    sizes = [torch.zeros((), dtype=torch.long) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor(shard_grad.numel()))
+    width = int(max(sizes))
+    padded = torch.zeros(width)
+    padded[:shard_grad.numel()] = shard_grad
+    pieces = [torch.empty(width) for _ in sizes]
+    dist.all_gather(pieces, padded)
+    norm = torch.cat(pieces).norm()
+    shard_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return norm
+
+
+def gathers_the_sums_of_squares(shard_grad, max_norm):
+    """Right, in another style: one float64 number per rank, gathered."""
+    mine = shard_grad.double().square().sum()
+    every = [torch.zeros((), dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    norm = torch.stack(every).sum().sqrt()
+    shard_grad.mul_(min(1.0, max_norm / (float(norm) + 1e-6)))
+    return float(norm)
+
+
+def norm_of_a_vector_of_norms(shard_grad, max_norm):
+    """Right, in another style: torch.linalg.vector_norm, the squares
+    all-reduced as a one-element float32 tensor."""
+    total = torch.linalg.vector_norm(shard_grad).pow(2).reshape(1)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    norm = total.sqrt()[0]
+    shard_grad *= torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    return norm
+
+
+def unwaited_all_reduce(shard_grad, max_norm):
+    total = shard_grad.square().sum()
+    dist.all_reduce(total, async_op=True)
+    norm = total.sqrt()
+    shard_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return norm
+
+
+def test_clipping_in_other_styles_passes(verdict):
+    for right in (gathers_the_sums_of_squares, norm_of_a_vector_of_norms):
+        passed, seen = verdict("sharded_clip", right)
+        assert passed, seen
+
+
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("sharded_clip", local_norm, "this rank's shard's norm"),
     ("sharded_clip", norms_added, "norms do not add"),
@@ -87,4 +138,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("sharded_clip", largest_norm, "the largest shard's norm"),
     ("sharded_clip", divides_by_the_norm, ("ZeroDivisionError", "the 1e-6 keeps it finite")),
     ("sharded_clip", skips_an_empty_shard, ("rank 2", "must still join the all-reduce")),
+    ("sharded_clip", gathers_every_shard, ("bytes to collectives",
+                                           "gathering the shards")),
+    ("sharded_clip", unwaited_all_reduce, ("never waited for", "work.wait()")),
 ]

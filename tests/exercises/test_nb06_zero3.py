@@ -83,6 +83,42 @@ def loaded_into_the_meta_module(module, shard, x):
     return module(x)
 
 
+# right answers in other styles (issue 34)
+
+def all_reduce_of_a_padded_buffer(module, shard, x):
+    """Each rank puts its shard at its place in a zero buffer; a SUM
+    all-reduce assembles the whole: right, at twice the bytes."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    full = shard.new_zeros(shard.numel() * world)
+    full[rank * shard.numel():(rank + 1) * shard.numel()] = shard
+    dist.all_reduce(full)
+    return run_with(module, full, x)
+
+
+def list_gather_and_offsets(module, shard, x):
+    """A list all-gather (skipped on one rank, where the shard is
+    everything), then the parameters cut with a running offset."""
+    world = dist.get_world_size()
+    if world == 1:
+        flat = shard
+    else:
+        pieces = [torch.empty_like(shard) for _ in range(world)]
+        dist.all_gather(pieces, shard)
+        flat = torch.cat(pieces)
+    params, offset = {}, 0
+    for name, p in module.named_parameters():
+        params[name] = flat[offset:offset + p.numel()].reshape(p.shape)
+        offset += p.numel()
+    return torch.func.functional_call(module, params, x)
+
+
+def test_other_gathers_are_right(verdict):
+    passed, seen = verdict("zero3_gather_forward", all_reduce_of_a_padded_buffer)
+    assert passed and "twice an all-gather's traffic" in seen, seen
+    passed, seen = verdict("zero3_gather_forward", list_gather_and_offsets)
+    assert passed and "all-reduce" not in seen, seen
+
+
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("zero3_gather_forward", shard_only, "all-gather every rank's shard first"),
     ("zero3_gather_forward", keeps_the_full_params, "still held after it returned"),

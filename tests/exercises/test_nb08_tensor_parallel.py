@@ -62,6 +62,50 @@ def gathers_the_weights(x, weight_shard, bias_shard):
     return F.linear(x, torch.cat(weights), torch.cat(biases))
 
 
+# tried as a learner would (issue 34)
+
+def gathers_the_transposed_weights(x, weight_shard, bias_shard):
+    """The weights gathered transposed (columns of W.T), so that no
+    gathered tensor has weight_shard's shape: still the whole matrix."""
+    world = dist.get_world_size()
+    columns = [torch.empty_like(weight_shard.T.contiguous()) for _ in range(world)]
+    dist.all_gather(columns, weight_shard.detach().T.contiguous())
+    biases = [torch.empty_like(bias_shard) for _ in range(world)]
+    dist.all_gather(biases, bias_shard.detach())
+    columns[dist.get_rank()] = weight_shard.T
+    biases[dist.get_rank()] = bias_shard
+    return x @ torch.cat(columns, dim=1) + torch.cat(biases)
+
+
+def gathers_into_one_tensor(x, weight_shard, bias_shard):
+    """Right, in another style: all_gather_into_tensor of the transposed
+    slice, this rank's rows put back with their history."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = x @ weight_shard.T + bias_shard
+    rows = local.T.contiguous()
+    full = rows.new_empty(world * rows.shape[0], rows.shape[1])
+    dist.all_gather_into_tensor(full, rows.detach())
+    pieces = list(full.split(rows.shape[0]))
+    pieces[rank] = local.T
+    return torch.cat(pieces).T
+
+
+def gathers_with_a_comprehension(x, weight_shard, bias_shard):
+    """Right, in another style: the gathered list rebuilt with the local
+    slice in its slot."""
+    local = F.linear(x, weight_shard, bias_shard)
+    copies = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(copies, local.detach().contiguous())
+    return torch.cat([local if r == dist.get_rank() else c
+                      for r, c in enumerate(copies)], dim=1)
+
+
+def test_column_parallel_in_other_styles_passes(verdict):
+    for right in (gathers_into_one_tensor, gathers_with_a_comprehension):
+        passed, seen = verdict("column_parallel_linear", right)
+        assert passed, seen
+
+
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("column_parallel_linear", wrong_dim, "along dim 0"),
     ("column_parallel_linear", no_bias, "bias is missing"),
@@ -71,4 +115,6 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("column_parallel_linear", gathered_list_as_it_comes, "never reaches weight_shard"),
     ("column_parallel_linear", differentiable_all_gather, "world_size times too large"),
     ("column_parallel_linear", gathers_the_weights, "the weights were gathered"),
+    ("column_parallel_linear", gathers_the_transposed_weights,
+     "the weights were gathered"),
 ]

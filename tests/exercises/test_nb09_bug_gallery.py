@@ -109,6 +109,58 @@ def copies_the_values_wrongly(state_dict):
             for key, value in state_dict.items()}
 
 
+# tried as a learner would (issue 34)
+
+def prefix_word_without_its_dot(state_dict):
+    """startswith("module") without the dot: cuts 'module_norm.weight'."""
+    return {(key[7:] if key.startswith("module") else key): value
+            for key, value in state_dict.items()}
+
+
+def with_a_regular_expression(state_dict):
+    """Right, in another style: a regular expression anchored at the start."""
+    import re
+    return {re.sub(r"^module\.", "", key, count=1): value
+            for key, value in state_dict.items()}
+
+
+def with_torchs_own_helper(state_dict):
+    """Right, in another style: torch's consume_prefix_in_state_dict_if_present
+    on a copy (it renames in place, so never on the caller's dict)."""
+    from collections import OrderedDict
+
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+    copy = OrderedDict(state_dict)
+    consume_prefix_in_state_dict_if_present(copy, "module.")
+    return dict(copy)
+
+
+def mean_with_an_unwaited_all_reduce(local_losses):
+    """Right when the all-reduce happens to land before it is read."""
+    both = torch.stack([local_losses.sum(), torch.tensor(float(local_losses.numel()))])
+    dist.all_reduce(both, async_op=True)
+    return both[0] / both[1]
+
+
+def mean_with_a_waited_all_reduce(local_losses):
+    """Right, in another style: async, waited, float64."""
+    both = torch.tensor([local_losses.double().sum().item(), local_losses.numel()],
+                        dtype=torch.float64)
+    dist.all_reduce(both, async_op=True).wait()
+    return (both[0] / both[1]).item()
+
+
+def test_a_waited_async_mean_passes(verdict):
+    passed, seen = verdict("dataset_mean", mean_with_a_waited_all_reduce)
+    assert passed, seen
+
+
+def test_strip_prefix_in_other_styles_passes(verdict):
+    for right in (with_a_regular_expression, with_torchs_own_helper):
+        passed, seen = verdict("strip_ddp_prefix", right)
+        assert passed, seen
+
+
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("dataset_mean", mean_of_means, "the mean of the ranks' means"),
     ("dataset_mean", sum_only, "that is the sum over every rank"),
@@ -126,4 +178,8 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("strip_ddp_prefix", strips_every_leading_module, "removed more than once"),
     ("strip_ddp_prefix", renames_in_place, "changed the dict it was given"),
     ("strip_ddp_prefix", copies_the_values_wrongly, "keep each value as it is"),
+    ("strip_ddp_prefix", prefix_word_without_its_dot,
+     ("starts with 'module' but not with 'module.'", "startswith('module.')")),
+    ("dataset_mean", mean_with_an_unwaited_all_reduce, ("never waited for",
+                                                        "work.wait()")),
 ]

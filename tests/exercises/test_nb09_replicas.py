@@ -84,6 +84,85 @@ def max_minus_min_with_all_reduce(model):
     return found
 
 
+# tried as a learner would (issues 34 and 38)
+
+def compares_hashes_of_bytes(model):
+    """hash() of each tensor's bytes, gathered: right in one forked server
+    (one hash seed), wrong under torchrun (a seed per process)."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    found = []
+    for name, t in named:
+        digests = [None] * dist.get_world_size()
+        dist.all_gather_object(digests, hash(t.detach().numpy().tobytes()))
+        if len(set(digests)) > 1:
+            found.append(name)
+    return found
+
+
+def nan_to_num_then_equal(model):
+    """A NaN made a number first: equal NaNs agree, but so does a NaN on
+    one rank with a 0.0 on the others."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return [name for name, t in named
+            if not all(torch.equal(c, t.detach().nan_to_num())
+                       for c in _gathered(t.detach().nan_to_num()))]
+
+
+def sha256_digests(model):
+    """Right, in another style: a digest that does not depend on the process."""
+    import hashlib
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    found = []
+    for name, t in named:
+        digest = hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
+        digests = [None] * dist.get_world_size()
+        dist.all_gather_object(digests, digest)
+        if len(set(digests)) > 1:
+            found.append(name)
+    return found
+
+
+def int_views_reduced(model):
+    """Right, in another style: the bits as integers, all-reduced MAX and
+    MIN (integers have no NaN, so equal bits give equal extremes)."""
+    found = []
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        bits = t.detach().flatten().view(torch.int32).long()
+        high, low = bits.clone(), bits.clone()
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        if not torch.equal(high, low):
+            found.append(name)
+    return found
+
+
+def flags_gathered_async_never_waited(loss):
+    """Right when the all-gather happens to land before it is read."""
+    flag = torch.tensor([float(not torch.isfinite(loss.detach()))])
+    flags = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(flags, flag, async_op=True)
+    return [r for r, f in enumerate(flags) if f.item() == 1.0]
+
+
+def flags_gathered_async_and_waited(loss):
+    """Right, in another style: an async all-gather of int flags, waited."""
+    flag = (~torch.isfinite(loss.detach())).to(torch.int64).reshape(1)
+    flags = [torch.empty_like(flag) for _ in range(dist.get_world_size())]
+    dist.all_gather(flags, flag, async_op=True).wait()
+    return torch.cat(flags).nonzero().flatten().tolist()
+
+
+def test_nonfinite_ranks_with_a_waited_async_gather_passes(verdict):
+    passed, seen = verdict("nonfinite_ranks", flags_gathered_async_and_waited)
+    assert passed, seen
+
+
+def test_differing_tensors_in_other_styles_pass(verdict):
+    for right in (sha256_digests, int_views_reduced):
+        passed, seen = verdict("differing_tensors", right)
+        assert passed, seen
+
+
 # ---- nonfinite_ranks --------------------------------------------------------------
 
 def all_reduces_the_loss(loss):
@@ -135,6 +214,11 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("differing_tensors", nan_is_never_equal, "NaN == NaN is False"),
     ("differing_tensors", compares_norms, "a norm"),
     ("differing_tensors", max_minus_min_with_all_reduce, "NaN == NaN is False"),
+    ("differing_tensors", compares_hashes_of_bytes,
+     ("hashed bytes with hash()", "PYTHONHASHSEED", "torchrun", "hashlib.sha256")),
+    ("differing_tensors", nan_to_num_then_equal, "a NaN on ONE rank"),
+    ("nonfinite_ranks", flags_gathered_async_never_waited, ("never waited for",
+                                                            "work.wait()")),
     ("nonfinite_ranks", all_reduces_the_loss, "the NaN went through a collective"),
     ("nonfinite_ranks", only_itself, "the ranks answered differently"),
     ("nonfinite_ranks", nan_but_not_inf, "an inf is not a NaN"),

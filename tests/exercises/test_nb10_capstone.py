@@ -148,6 +148,26 @@ def fails_off_the_cases(compute_s, nbytes, world_size, link):
     return 1.01 * (compute_s + allreduce(nbytes, world_size, link))
 
 
+def bytes_hidden_behind_the_compute(compute_s, nbytes, world_size, link):
+    """Assumes overlap: the transfer hidden behind the compute, only the
+    latency added (issue 34: once told to look for "a branch")."""
+    steps, share = ring(world_size)
+    return max(compute_s, share * nbytes * link.beta) + steps * link.alpha
+
+
+def by_bandwidth_with_an_early_return(compute_s, nbytes, world_size, link):
+    """Right, in another style: one GPU returned early, bytes over bandwidth."""
+    if world_size == 1:
+        return compute_s
+    per_message = nbytes / world_size
+    return compute_s + 2 * (world_size - 1) * (link.alpha + per_message / link.bandwidth)
+
+
+def test_step_time_in_another_style_passes(verdict):
+    passed, seen = verdict("step_time", by_bandwidth_with_an_early_return)
+    assert passed, seen
+
+
 PLANTED = [
     ("step_time", compute_only, "the communication is missing"),
     ("step_time", communication_only, "the compute is missing"),
@@ -179,6 +199,8 @@ PLANTED = [
     ("step_time", bytes_off_by_half, "the bytes: 2.5e+07 bytes on 64 GPUs"),
     ("step_time", wrong_for_large_rings, "look for a branch"),
     ("step_time", fails_off_the_cases, nb10_capstone.FORMULA),
+    ("step_time", bytes_hidden_behind_the_compute,
+     ("lets the compute overlap the all-reduce", "PLUS")),
 ]
 
 
