@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ddp_teach.cost import Link, collective_time
-from ddp_teach.ddp import FIRST_BUCKET_CAP_MB, MIB, bucket_indices, check_bucket_cap
+from ddp_teach.buckets import FIRST_BUCKET_CAP_MB, MIB, bucket_indices, check_bucket_cap
 from ddp_teach.sim.fsdp_schedule import fsdp2  # noqa: F401 (part of predict)
 from ddp_teach.sim.pipeline_schedule import Stage, gpipe, pipeline_stage  # noqa: F401
 from ddp_teach.tracing.events import COMPUTE
