@@ -162,7 +162,7 @@ def zero3_profile(step, world_size: int, simulation, args=()):
     """Rank 0's timeline of `step(rank, world_size, *args)` (a
     `ddp_teach.fsdp` step after a barrier, prefetch off) on a free link:
     the compute between the collectives, in order, with their bytes."""
-    from ddp_teach.sim import Simulation  # (the package imports this module)
+    from ddp_teach.sim.simulation import Simulation
     from ddp_teach.sim.one_rank import one_rank
     free = Simulation(simulation.device, Link(0.0, 0.0), compute=simulation.compute,
                       attention=simulation.attention)
