@@ -32,7 +32,7 @@ measurements of real GPUs (each row a `measurement.Measurement`, held to
 have (T4, RTX 4090) and for fp32 products. These four are the evidence and
 the modules that exist to compare with it: `import ddp_teach` does not load
 them (the model must not depend on what it is checked against, and a
-learner's import should not build a hundred rows); `dt.sim.published` and
+learner's import should not build every published row); `dt.sim.published` and
 the others load on first use, through `__getattr__` below (PEP 562).
 """
 from ddp_teach.sim import nccl, predict
