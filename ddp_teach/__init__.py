@@ -16,7 +16,7 @@ from ddp_teach import compat
 # The course, in notebook order: one module per concept.
 from ddp_teach import collectives, cost, bandwidth, diagrams  # 01 collectives
 from ddp_teach import dp                                     # 02 DataParallel
-from ddp_teach import ddp                                    # 03 DDP
+from ddp_teach import buckets, ddp                           # 03 DDP
 from ddp_teach import sampler, syncbn                        # 04 data and sync
 from ddp_teach import precision, amp                         # 05 mixed precision
 from ddp_teach import memory, flat, zero, fsdp               # 06 sharding
@@ -56,9 +56,9 @@ def load_ipython_extension(ipython):
     register(ipython)
 
 
-COURSE_MODULES = ("collectives", "cost", "bandwidth", "diagrams", "dp", "ddp", "sampler",
-                  "syncbn", "precision", "amp", "memory", "flat", "zero", "fsdp",
-                  "scripts", "slurm", "checkpoint", "paramserver", "pipeline",
+COURSE_MODULES = ("collectives", "cost", "bandwidth", "diagrams", "dp", "buckets", "ddp",
+                  "sampler", "syncbn", "precision", "amp", "memory", "flat", "zero",
+                  "fsdp", "scripts", "slurm", "checkpoint", "paramserver", "pipeline",
                   "tensor_parallel", "debugging", "lm", "models", "system", "widgets")
 TOOLING_PACKAGES = ("compat", "exercises", "launcher", "sim", "tracing")
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown", "progress",

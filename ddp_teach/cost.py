@@ -34,6 +34,15 @@ comparable with the link's bandwidth whatever the number of ranks: it equals
 1/beta for a ring algorithm with no latency. `ddp_teach.bandwidth.sweep`
 measures these on real ranks and `fit_alpha_beta` fits the model to the
 measurement.
+
+Where it sits: notebook 01 teaches this model, but the module is a neutral
+one, not a lesson's implementation: formulas and a fit, importing nothing
+from ddp_teach (only math and numpy), running nothing on ranks. So the
+simulator (`ddp_teach.sim`: `hardware.Link`, `predict`, `simulation`) may
+build on it, as it may on `ddp_teach.buckets`, while it imports no module
+that implements a lesson (ddp, zero, fsdp, ...); tests/test_package.py holds
+both rules. Moving it under sim/ would make notebook 01's model look like
+simulator machinery, and make the course import the simulator for a formula.
 """
 import math
 from dataclasses import dataclass

@@ -61,41 +61,14 @@ notebook 03:
 Not done here: bucket rebuilding, buffer broadcast at every forward.
 """
 import contextlib
-import numbers
 
 import torch
 import torch.distributed as dist
 
+# the bucket rule lives in ddp_teach.buckets, which the simulator's DDP
+# schedule (ddp_teach.sim.predict) uses too; these names stay dt.ddp's
+from ddp_teach.buckets import FIRST_BUCKET_CAP_MB, MIB, bucket_indices, check_bucket_cap
 from ddp_teach.tracing import labelled
-
-MIB = 1024 * 1024
-FIRST_BUCKET_CAP_MB = 1.0
-
-
-def bucket_indices(sizes_bytes, cap_bytes, first_cap_bytes=FIRST_BUCKET_CAP_MB * MIB):
-    """Group parameters into buckets: lists of parameter indices, the last
-    parameter first. Walking from the last parameter, each is added to the
-    open bucket, which closes once it holds at least its cap: the first
-    bucket's cap is first_cap_bytes (but never more than cap_bytes), the
-    others' cap_bytes. cap None: one bucket; 0: one per parameter.
-
-    With first_cap_bytes <= cap_bytes this is what torch's reducer computes
-    when it rebuilds its buckets (`dist._compute_bucket_assignment_by_size`
-    with limits [first, cap], in the order the gradients became ready),
-    here with the reverse of `parameters()` as that order."""
-    if cap_bytes is None:
-        return [list(reversed(range(len(sizes_bytes))))] if sizes_bytes else []
-    buckets, current, filled = [], [], 0
-    for index in reversed(range(len(sizes_bytes))):
-        current.append(index)
-        filled += sizes_bytes[index]
-        cap = min(cap_bytes, first_cap_bytes) if not buckets else cap_bytes
-        if filled >= cap:
-            buckets.append(current)
-            current, filled = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 def make_allreduce_hook(pending: list):
@@ -133,22 +106,6 @@ def finish_buckets(buckets: list, world_size: int) -> None:
             size = param.numel()
             param.grad.copy_(bucket["buffer"][offset:offset + size].view_as(param))
             offset += size
-
-
-def check_bucket_cap(bucket_cap_mb, name: str = "bucket_cap_mb") -> None:
-    """A ValueError unless `bucket_cap_mb` is None or a number >= 0. Checked
-    before any communication, so every rank refuses at once, none hangs."""
-    if bucket_cap_mb is None and name == "bucket_cap_mb":
-        return
-    if (isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, numbers.Real)
-            or not bucket_cap_mb >= 0):
-        what = ("a number >= 0 or None" if name == "bucket_cap_mb"
-                else "a number >= 0")
-        raise ValueError(
-            f"{name} must be {what}, got {bucket_cap_mb!r}: it is the size of "
-            f"a gradient bucket in MiB (torch's default is 25, with a first "
-            f"bucket of 1; 0 gives one bucket per parameter, a bucket_cap_mb "
-            f"of None one bucket for all)")
 
 
 def _trainable_parameters(module: torch.nn.Module) -> list:

@@ -176,21 +176,70 @@ def test_every_submodule_imports_first_in_a_fresh_interpreter():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def import_cycles(root: Path, package: str) -> list[list[str]]:
-    """Cycles among the modules of `package` (a folder under `root`), from the
-    imports that run when a module is imported (not those inside functions).
-    A package's __init__ always runs first, so which module a learner imports
-    first cannot hide a cycle from this check, as it can from the one above."""
+# The lessons' own implementations. The simulator (ddp_teach.sim) is an
+# instrument the lessons use; it never imports one of them, so that changing
+# a lesson cannot change what the simulator predicts for it, and the
+# simulator can be read, tested and calibrated without the course.
+LESSON_MODULES = (
+    "ddp", "dp", "zero", "fsdp", "collectives", "paramserver", "pipeline",
+    "tensor_parallel", "checkpoint", "scripts", "slurm", "syncbn", "sampler", "amp",
+    "precision", "memory", "flat", "models", "widgets", "diagrams", "launcher",
+    "exercises")
+# What the lessons and the simulator both build on: leaves, importing no
+# module of ddp_teach.
+SHARED_MODULES = ("cost", "buckets")
+# The modules that hold the simulator's evidence, or exist to compare it with
+# the evidence: loaded when first asked for, never by `import ddp_teach`.
+EVIDENCE_MODULES = ("published", "benchmark_figures", "gpu_surveys", "measurement")
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Which modules of `package` (a folder under `root`) each one imports,
+    from every import statement at ANY depth: module level, inside functions
+    and methods, under `if` or `try`. An import inside a function runs later
+    than one at the top, but it still ties the two modules together: a cycle
+    through it fails the day the function runs during an import.
+
+    An edge is an import that NAMES a module: `import a.b`, `from a.b import
+    c` (a.b; or a.b.c when that is a module), `from . import c`. Python also
+    runs every parent package's __init__ before a submodule (importing
+    ddp_teach.sim.simulation runs ddp_teach/__init__ and ddp_teach/sim/
+    __init__ first); those implied imports are not edges. If they were,
+    every module would import ddp_teach, which imports every lesson, and
+    everything would be one cycle. So this, and only this, is allowed: a
+    package's __init__ importing its own submodules (an edge P -> P.x)
+    although asking for P.x runs P's __init__ first. That cannot loop:
+    P's __init__ loads P.x whole, and the request then finds it loaded. It
+    loops only when P.x needs a name that P's __init__ has not defined yet,
+    and for that P.x must name P (`from ddp_teach.sim import Simulation`
+    inside ddp_teach.sim.predict): an edge back, which counts, and a cycle."""
     modules = {".".join(p.relative_to(root).with_suffix("").parts)
                .removesuffix(".__init__"): p for p in (root / package).rglob("*.py")}
     graph = {name: set() for name in modules}
     for name, path in modules.items():
-        for node in _import_time_nodes(ast.parse(path.read_text())):
-            targets = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                       else [f"{node.module}.{a.name}" if f"{node.module}.{a.name}"
-                             in modules else node.module for a in node.names]
-                       if node.module and node.level == 0 else [])
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = ".".join(here.split(".")[:len(here.split(".")) - node.level + 1])
+                    base = f"{anchor}.{base}" if base else anchor
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                           for a in node.names]
+            else:
+                continue
             graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def import_cycles(root: Path, package: str) -> list[list[str]]:
+    """Cycles in `import_graph(root, package)`, each as the path that closes
+    it. Since a package's __init__ runs first whatever a learner imports,
+    which module comes first cannot hide a cycle from this check, as it can
+    from the fresh-interpreter test above."""
+    graph = import_graph(root, package)
     cycles, state = [], {}
 
     def visit(name, path):
@@ -207,24 +256,53 @@ def import_cycles(root: Path, package: str) -> list[list[str]]:
     return cycles
 
 
-def _import_time_nodes(tree):
-    """Import statements outside function bodies."""
-    stack = list(tree.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            stack.extend(ast.iter_child_nodes(node))
+def course_imports_of_the_simulator(root: Path, package: str) -> list[str]:
+    """'sim module -> course module' for every lesson's module that a module
+    of `package`.sim imports, directly or through other modules (the
+    package's top __init__, which imports everything, counts too: naming it
+    is importing every lesson)."""
+    graph = import_graph(root, package)
+    course = {f"{package}.{name}" for name in LESSON_MODULES}
+    found = []
+    for name in sorted(graph):
+        if name != f"{package}.sim" and not name.startswith(f"{package}.sim."):
+            continue
+        seen, stack = set(), list(graph[name])
+        while stack:
+            target = stack.pop()
+            if target in seen:
+                continue
+            seen.add(target)
+            if target in course or target.rpartition(".")[0] in course:
+                found.append(f"{name} -> {target}")
+            elif target != package:
+                stack.extend(graph[target])
+            else:
+                found.append(f"{name} -> {package} (every lesson)")
+    return found
 
 
-def test_no_module_imports_a_module_that_imports_it_back():
+def test_no_import_cycle_counting_imports_inside_functions():
     assert import_cycles(ROOT, "ddp_teach") == []
+
+
+def test_the_simulator_imports_no_lesson():
+    assert course_imports_of_the_simulator(ROOT, "ddp_teach") == []
+
+
+def test_the_modules_both_layers_share_import_nothing_of_the_package():
+    """cost.py (the alpha-beta model) and buckets.py (DDP's bucket rule) are
+    what the course and the simulator share; importing a lesson from them
+    would bring the lesson back into the simulator."""
+    graph = import_graph(ROOT, "ddp_teach")
+    assert {name: graph[f"ddp_teach.{name}"] for name in SHARED_MODULES} == {
+        name: set() for name in SHARED_MODULES}
 
 
 def test_a_planted_import_cycle_is_found(tmp_path):
     """The check above can fail: zero.py and fsdp.py importing each other,
-    as they once did, is a cycle."""
+    as they once did, is a cycle; so is a submodule importing a name from
+    its own package inside a function, when the package imports it."""
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("from pkg import zero\n")
     (tmp_path / "pkg" / "zero.py").write_text(
@@ -232,6 +310,39 @@ def test_a_planted_import_cycle_is_found(tmp_path):
     (tmp_path / "pkg" / "fsdp.py").write_text(
         "from pkg.zero import helper\n\ndef later():\n    import os\n")
     assert import_cycles(tmp_path, "pkg") == [["pkg.zero", "pkg.fsdp", "pkg.zero"]]
+    (tmp_path / "pkg" / "fsdp.py").write_text(
+        "def later():\n    from pkg import FSDP\n")
+    assert import_cycles(tmp_path, "pkg") == [["pkg", "pkg.zero", "pkg.fsdp", "pkg"]]
+
+
+def test_a_planted_lesson_import_in_the_simulator_is_found(tmp_path):
+    """A lesson reached through another module, by a relative import inside
+    a function, is found."""
+    (tmp_path / "pkg" / "sim").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sim" / "__init__.py").write_text("from pkg.sim import model\n")
+    (tmp_path / "pkg" / "sim" / "model.py").write_text(
+        "def f():\n    from .. import neutral\n")
+    (tmp_path / "pkg" / "neutral.py").write_text("from pkg.ddp import MIB\n")
+    (tmp_path / "pkg" / "ddp.py").write_text("MIB = 2 ** 20\n")
+    assert course_imports_of_the_simulator(tmp_path, "pkg") == [
+        "pkg.sim -> pkg.ddp", "pkg.sim.model -> pkg.ddp"]
+
+
+def test_import_ddp_teach_loads_no_evidence():
+    """The published measurements (and the modules that compare the
+    simulator with them) load when a notebook first asks for them."""
+    evidence = [f"ddp_teach.sim.{name}" for name in EVIDENCE_MODULES]
+    done = subprocess.run(
+        [sys.executable, "-c", "import ddp_teach, sys; "
+         f"print([m for m in {evidence!r} if m in sys.modules])"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"import ddp_teach loaded {done.stdout}"
+    # ... and they are still there when asked for
+    for name in EVIDENCE_MODULES:
+        assert name in dir(dt.sim)
+        assert getattr(dt.sim, name).__name__ == f"ddp_teach.sim.{name}"
 
 
 # the course authors' notes beside the repository, which a learner's clone

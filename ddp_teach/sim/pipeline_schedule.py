@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_teach.cost import Link, collective_time
+from ddp_teach.sim.runtime import SimulatedRecorder
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,6 @@ def pipeline_stage(stage: torch.nn.Module, x: torch.Tensor, micro_batches: int,
     micro-batch's input, `target` its labels on the last stage (None
     elsewhere). Runs two micro-batches as `gpipe_step` does (forwards, then
     backwards, the last first) and leaves the stage's gradients at None."""
-    from ddp_teach.sim.runtime import SimulatedRecorder
     clock = SimulatedRecorder(0, simulation)
     last = target is not None
     inputs = [x.detach().clone().requires_grad_(not first) for _ in range(2)]

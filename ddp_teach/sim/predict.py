@@ -35,10 +35,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ddp_teach.buckets import FIRST_BUCKET_CAP_MB, MIB, bucket_indices, check_bucket_cap
 from ddp_teach.cost import Link, collective_time
-from ddp_teach.ddp import FIRST_BUCKET_CAP_MB, MIB, bucket_indices, check_bucket_cap
+from ddp_teach.sim.efficiency import rate_seconds
 from ddp_teach.sim.fsdp_schedule import fsdp2  # noqa: F401 (part of predict)
+from ddp_teach.sim.one_rank import one_rank
 from ddp_teach.sim.pipeline_schedule import Stage, gpipe, pipeline_stage  # noqa: F401
+from ddp_teach.sim.runtime import SimulatedRecorder
+from ddp_teach.sim.simulation import Simulation
 from ddp_teach.tracing.events import COMPUTE
 
 
@@ -59,7 +63,6 @@ def profile(model: torch.nn.Module, loss_of, simulation) -> Profile:
 
     loss_of(model) runs the forward and returns the loss; what it computes is
     charged as forward, what `.backward()` computes as backward."""
-    from ddp_teach.sim.runtime import SimulatedRecorder
     clock = SimulatedRecorder(0, simulation)
     params = [p for p in model.parameters() if p.requires_grad]
     ready = {}
@@ -102,7 +105,6 @@ def _on(spec, op: str, nbytes: float, world_size: int) -> float:
 
 def _streaming_s(simulation, nbytes: float) -> float:
     """One kernel that reads or writes `nbytes`, in the simulation's mode."""
-    from ddp_teach.sim.efficiency import rate_seconds
     achieved = simulation.achieved
     if achieved is None:
         return simulation.device.op_seconds(0, nbytes)
@@ -162,8 +164,6 @@ def zero3_profile(step, world_size: int, simulation, args=()):
     """Rank 0's timeline of `step(rank, world_size, *args)` (a
     `ddp_teach.fsdp` step after a barrier, prefetch off) on a free link:
     the compute between the collectives, in order, with their bytes."""
-    from ddp_teach.sim import Simulation  # (the package imports this module)
-    from ddp_teach.sim.one_rank import one_rank
     free = Simulation(simulation.device, Link(0.0, 0.0), compute=simulation.compute,
                       attention=simulation.attention)
     return one_rank(step, world_size, free, args)[1].after_last_barrier()
