@@ -34,15 +34,14 @@ from pathlib import Path
 
 from ddp_teach.launcher import wire
 from ddp_teach.launcher.procs import become_subreaper, end_strays, kill_group
-from ddp_teach.launcher.protocol import Exited, Ready, StartWorkers, Started
+from ddp_teach.launcher.protocol import (EXIT_LAUNCHER_BUG, Exited, Ready, StartWorkers,
+                                         Started)
 
 # torch._dynamo: the first optimizer.step() in a process imports it (~1.5 s
 # of CPU); imported once here, every forked worker has it for free.
 PRELOADED_MODULES = ("torch", "torch.distributed", "torch.nn.parallel",
                      "torch._dynamo", "cloudpickle", "ddp_teach.launcher.worker")
 FDS_PER_RANK = 3  # stdout, stderr, result
-EXIT_LAUNCHER_BUG = 70  # a worker whose launcher code failed (see its stderr)
-EXIT_RESULT_PIPE_LOST = 71  # the function closed or replaced its result pipe
 # torch reads these once, at import: a change needs a new server
 IMPORT_TIME_VARS = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS")
 _REAP_INTERVAL_S = 0.005

@@ -21,7 +21,7 @@ import signal
 import time
 
 from ddp_teach.launcher import errors
-from ddp_teach.launcher.forkserver import EXIT_LAUNCHER_BUG, EXIT_RESULT_PIPE_LOST
+from ddp_teach.launcher.protocol import EXIT_LAUNCHER_BUG, EXIT_RESULT_PIPE_LOST
 from ddp_teach.launcher.procs import kill_group, signal_quietly
 from ddp_teach.launcher.protocol import Failed
 from ddp_teach.launcher.wire import MessageBuffer

@@ -15,6 +15,12 @@ learner's function travels inside it as cloudpickle bytes (`call`).
 """
 from dataclasses import dataclass, field
 
+# A worker's exit codes that the kernel reads as more than a failure
+# (`monitor`): they are part of the conversation, so they live here, where
+# the fork server, the worker and the monitor all read them.
+EXIT_LAUNCHER_BUG = 70  # a worker whose launcher code failed (see its stderr)
+EXIT_RESULT_PIPE_LOST = 71  # the function closed or replaced its result pipe
+
 
 @dataclass(frozen=True)
 class Job:

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 from ddp_teach.launcher import wire
 from ddp_teach.launcher.errors import is_launcher_file
-from ddp_teach.launcher.forkserver import EXIT_RESULT_PIPE_LOST
+from ddp_teach.launcher.protocol import EXIT_RESULT_PIPE_LOST
 from ddp_teach.launcher.procs import become_subreaper, set_parent_death_signal
 from ddp_teach.launcher.progress_bars import report_to_kernel
 from ddp_teach.launcher.protocol import Failed, Job, Returned
