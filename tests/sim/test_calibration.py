@@ -33,7 +33,7 @@ def test_every_stored_constant_is_what_its_rows_give(calibrate, result):
         if constant.name in calibrate.PAIRS:
             continue  # its root holds with its partner's root, not its stored value
         # the root reproduces its row: the solver did solve
-        with calibrate._set(constant, root):
+        with calibrate.with_value(constant, root):
             assert calibrate.ratio(constant.rows[0]) == pytest.approx(1, abs=1e-4)
 
 
@@ -62,7 +62,7 @@ def test_a_constant_moved_off_its_rows_is_reported(calibrate):
     # its row gives it back, so the check names it
     matmul = next(c for c in calibrate.CONSTANTS if c.name == "H100 SXM: matmul")
     moved = replace(matmul, stored=round(matmul.stored * 0.95, 3))
-    with calibrate._set(matmul, moved.stored):
+    with calibrate.with_value(matmul, moved.stored):
         result = calibrate.resolve_all([moved])
         assert calibrate.ratio(matmul.rows[0]) < 0.96
     messages = calibrate.mismatches(result, [moved])
@@ -78,3 +78,14 @@ def test_the_simulator_is_put_back_after_a_solve(calibrate, result):
     assert comm.NVLS_CHUNK_S == stored["comm.NVLS_CHUNK_S"]
     assert comm.ACHIEVED["nvls"] == stored["comm.ACHIEVED['nvls']"]
     assert efficiency.EMULATED == stored["efficiency.EMULATED"]
+
+
+def test_the_fractions_the_table_calls_copied_are_copies():
+    # calibrate.py's NOT_FROM_ROWS says these were taken from A100's, not solved
+    from ddp_teach.sim.calibrated import ACHIEVED
+    a100 = ACHIEVED["A100 80GB"]
+    assert (ACHIEVED["H100 SXM"].conv, ACHIEVED["H100 SXM"].conv_tf32) == \
+        (a100.conv, a100.conv_tf32)
+    for gpu in ("V100 SXM2", "T4", "RTX 4090"):
+        for field in ("memory", "attention", "conv", "conv_tf32", "sustained", "kernel_s"):
+            assert getattr(ACHIEVED[gpu], field) == getattr(a100, field), (gpu, field)
