@@ -5,6 +5,15 @@ A fraction solved from a measurement reproduces it by construction; what
 tells whether it can be trusted is every other measurement it was not
 solved from, which `ddp_teach.sim.published` and the repository's
 `benchmarks/sim_vs_published.md` set beside the simulator.
+
+The repository's `tools/calibrate.py` solves each fraction here again from
+its rows (`--check` fails when a stored one differs beyond rounding to the
+figures it is written with). Most are roots of the simulated figure, rounded
+to three figures; `memory`, `attention` and `attention_cudnn` are written as
+closed forms (the row's figure over the datasheet peak), which leave out
+each kernel's fixed cost, so their rows come back 0.03-0.2% low; A100's
+`matmul` and `KERNEL_S` come from two rows together (8192^3 and 1024^3),
+KERNEL_S rounded first and `matmul` solved again with it.
 """
 from dataclasses import replace
 

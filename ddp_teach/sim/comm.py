@@ -37,7 +37,10 @@ NVLS collective takes NCCL's latency + (k + 1) chunk times, for k >= 1
 rounds of chunks, and medium buffers, in smaller chunks, reach less of the
 bandwidth: at 16 MiB about half of what 8 GiB reaches. The per-chunk cost
 `NVLS_CHUNK_S` and the "nvls" fraction are solved together from two rows
-of the Azure run, 8 GiB (above) and 64 MiB at 361.78 GB/s busbw.
+of the Azure run, 8 GiB (above) and 64 MiB at 361.78 GB/s busbw; the cost
+is rounded to two figures and the fraction solved again from the 8 GiB row
+with it (the repository's `tools/calibrate.py` re-solves every constant
+here from its rows).
 
 Below one round (2 MiB on 8 GPUs) NCCL 2.18 does not spread the buffer
 over its channels: channel c takes bytes [c, c + 1) x heads x chunk, so
