@@ -17,7 +17,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_teach import exercises
 from ddp_teach.exercises import nb03_gpu_recipe as recipe
 from ddp_teach.system import ddp_on_local_gpu
 
