@@ -7,7 +7,9 @@ checked in every stand-in process below, with the hint that names the
 mistake breaking it:
 - it returns torch's DistributedDataParallel around the model it was given;
 - this process's GPU, cuda:LOCAL_RANK, is the current device when DDP is
-  built (DDP's first broadcast is nccl's first work), and still is when the
+  built (DDP's construction makes nccl's first calls: it checks the
+  parameters' shapes across ranks and broadcasts rank 0's, torch/nn/
+  parallel/distributed.py, init_sync), and still is when the
   function returns (a later barrier() runs on the current device:
   torch/distributed/distributed_c10d.py, barrier);
 - every parameter is on that GPU when DDP wraps the model;
@@ -58,9 +60,9 @@ NO_SET_DEVICE_HINT = ("torch.cuda.set_device(local_rank) was never called, so th
                       "to go by (barrier(), DDP's own calls) runs on the current "
                       "device: every process would create its context on GPU 0. "
                       "Call it first, before DDP.")
-SET_AFTER_HINT = ("set_device came after DDP was built: DDP's first nccl call "
-                  "(the broadcast of rank 0's parameters) already ran with "
-                  "another GPU current. Call torch.cuda.set_device(local_rank) "
+SET_AFTER_HINT = ("set_device came after DDP was built: DDP's first nccl calls "
+                  "(checking the parameters' shapes across ranks, then "
+                  "broadcasting rank 0's) already ran with another GPU current. Call torch.cuda.set_device(local_rank) "
                   "first.")
 MOVED_AFTER_HINT = ("the model was moved after DDP wrapped it. DDP broadcasts "
                     "the parameters and builds its buckets on the device they "
