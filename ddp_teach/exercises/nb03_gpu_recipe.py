@@ -62,8 +62,8 @@ NO_SET_DEVICE_HINT = ("torch.cuda.set_device(local_rank) was never called, so th
                       "Call it first, before DDP.")
 SET_AFTER_HINT = ("set_device came after DDP was built: DDP's first nccl calls "
                   "(checking the parameters' shapes across ranks, then "
-                  "broadcasting rank 0's) already ran with another GPU current. Call torch.cuda.set_device(local_rank) "
-                  "first.")
+                  "broadcasting rank 0's) already ran with another GPU "
+                  "current. Call torch.cuda.set_device(local_rank) first.")
 MOVED_AFTER_HINT = ("the model was moved after DDP wrapped it. DDP broadcasts "
                     "the parameters and builds its buckets on the device they "
                     "are on when it is built: move the model first, then wrap.")
