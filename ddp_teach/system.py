@@ -83,3 +83,22 @@ def describe() -> dict:
             "nccl": dist.is_nccl_available(),
             "backend for 2 ranks": choose_backend("auto", 2),
             "threads per rank at 2 ranks": threads_per_rank(2)}
+
+
+def ddp_on_local_gpu(model, **ddp_options):
+    """One process per GPU, as notebook 03 runs it with nccl: this process's
+    GPU is LOCAL_RANK (its place on its machine, not RANK, its place in the
+    job), made current before any nccl work, the model moved there first,
+    then wrapped by torch's DDP told that device (which moves each batch
+    there). Without set_device every process's current device is GPU 0,
+    and nccl calls that have no tensor to go by run there: barrier() uses
+    the current device (torch/distributed/distributed_c10d.py, barrier).
+    Checked without a GPU by ddp_teach/exercises/nb03_gpu_recipe.py."""
+    import os
+
+    import torch
+    local_rank = int(os.environ["LOCAL_RANK"])  # which GPU of this machine
+    torch.cuda.set_device(local_rank)           # this process drives it
+    model = model.to(local_rank)                # the model first, then DDP
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[local_rank], output_device=local_rank, **ddp_options)

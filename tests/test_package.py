@@ -86,6 +86,7 @@ PUBLIC_NAMES = [
     ("models.reference_mlp", "function"),
     ("system.describe", "function"), ("system.cpu_cores", "function"),
     ("system.gpu_count", "function"), ("system.choose_backend", "function"),
+    ("system.ddp_on_local_gpu", "function"),
     ("widgets.allreduce_explorer", "function"), ("widgets.zero_calculator", "function"),
     ("exercises.check", "function"), ("exercises.hint", "function"),
     ("exercises.solution", "function"),
