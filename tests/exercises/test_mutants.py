@@ -30,10 +30,12 @@ SWAPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
 # written: 100% for the sampler, scatter, gather and the loss scale; 75% for
 # the buckets (the one left, min(a, b) as min(b, a), is equivalent); 64% for
 # the fit (the rest are in its input checks and its non-negative branch,
-# which the exercise does not ask for)
+# which the exercise does not ask for); 45% for the diagnosis (the rest are
+# equivalent: > made >= on continuous times, world_size > 1 made > 0 where
+# every case has 2 ranks or more, rank 0's row made rank 1's)
 FLOORS = {"sampler_split": 0.8, "ddp_bucket_assignment": 0.7,
           "loss_scale_update": 0.8, "dp_scatter": 0.6, "dp_gather": 0.6,
-          "fit_alpha_beta": 0.6}
+          "fit_alpha_beta": 0.6, "diagnose": 0.4}
 
 
 def _mutation_sites(tree):
