@@ -4,7 +4,7 @@ sharded gradient is checked in nb06_clip.py, ZeRO-3 in nb06_zero3.py).
 `zero1_step(flat_params, flat_grads, shard, optimizer)`: shard assignment
 and the ZeRO-1 step (Rajbhandari et al. 2020, P_os). What the reference,
 `ddp_teach.zero.zero1_step`, guarantees, and how each property is checked
-(on 1, 2 and 3 ranks, 4 steps of AdamW and of SGD with momentum each; SGD
+(on 1 to 5 ranks, 4 steps of AdamW and of SGD with momentum each; SGD
 is there because Adam barely notices a gradient N times too large):
 
 - values: after every step `flat_params` holds, on every rank, what the
@@ -37,8 +37,8 @@ from ddp_teach.exercises.harness import run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 
-LENGTH, STEPS = 12, 4  # 12 elements split evenly over 1, 2 and 3 ranks
-WORLD_SIZES = (1, 2, 3)
+LENGTH, STEPS = 60, 4  # 60 elements split evenly over 1 to 5 ranks
+WORLD_SIZES = (1, 2, 3, 4, 5)
 OPTIMIZERS = {
     "AdamW": lambda params: torch.optim.AdamW(params, lr=0.1, weight_decay=0.1),
     "SGD with momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
@@ -207,7 +207,7 @@ def check_zero1_step(fn) -> Verdict:
                         f"rank {rank}, after {STEPS} steps:{values}\n"
                         f"Hint: {hint}"))
     return Verdict(CORRECT, "equal to the unsharded optimizer (AdamW and SGD "
-                            "with momentum) on 1, 2 and 3 ranks, written into "
+                            "with momentum) on 1 to 5 ranks, written into "
                             "flat_params after the step, with optimizer state "
                             "for one shard per rank, flat_grads left as it "
                             "was and shard.grad in memory of its own.")
