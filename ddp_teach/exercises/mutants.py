@@ -16,6 +16,7 @@ ranks, a few seconds a mutant).
 import ast
 import importlib
 import inspect
+import linecache
 import textwrap
 
 from ddp_teach.exercises.registry import CORRECT, Exercise
@@ -58,8 +59,10 @@ def _mutate(node, how) -> None:
 
 def mutants(function):
     """Every one-edit mutant of `function` as (label, function), compiled in
-    its module's globals. A mutant defined at module level keeps its
-    module's name, so the worker processes (forked) can call it."""
+    a copy of its module's globals. Each mutant is a function of "__main__"
+    whose source is in linecache, as a notebook cell's is: it travels to
+    the workers by value (cloudpickle) and `dt.scripts` writes its own
+    source into a script, not an import of the reference."""
     source = textwrap.dedent(inspect.getsource(function))
     count = sum(1 for _ in _mutation_sites(ast.parse(source)))
     module = importlib.import_module(function.__module__)
@@ -67,9 +70,11 @@ def mutants(function):
         tree = ast.parse(source)
         node, how = list(_mutation_sites(tree))[index]
         _mutate(node, how)
-        namespace = dict(vars(module))
-        exec(compile(ast.fix_missing_locations(tree), f"<mutant {index}>", "exec"),
-             namespace)
+        text = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+        filename = f"<mutant {index} of {function.__qualname__}>"
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+        namespace = dict(vars(module), __name__="__main__")
+        exec(compile(text, filename, "exec"), namespace)
         yield f"{how} at line {node.lineno}", namespace[function.__name__]
 
 
