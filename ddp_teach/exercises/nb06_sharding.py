@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_teach.exercises.difference import first_difference
 from ddp_teach.exercises.harness import run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
@@ -198,10 +199,9 @@ def check_zero1_step(fn) -> Verdict:
                 got = rank_results[name]
                 hint = _first_problem(got, make_optimizer, world_size, rank, want)
                 if hint:
-                    values = ("" if torch.allclose(got["flat"], want, rtol=1e-5,
-                                                   atol=1e-6)
-                              else f"\nexpected {want.tolist()}\n"
-                                   f"got      {got['flat'].tolist()}")
+                    differ = first_difference([got["flat"]], [want],
+                                              ["flat_params"])
+                    values = f" {differ}" if differ else ""
                     return Verdict(WRONG, (
                         f"{name}, {world_size} rank{'s' * (world_size > 1)}, "
                         f"rank {rank}, after {STEPS} steps:{values}\n"

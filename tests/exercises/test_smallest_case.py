@@ -75,3 +75,19 @@ def test_a_nan_only_test_is_shown_on_two_ranks_with_their_losses():
     message = verdict("nonfinite_ranks", nan_only)
     assert "on 2 ranks, losses [inf, -inf] on ranks 0, 1: expected [0, 1]" in message, message
     assert "an inf is not a NaN" in message, message
+
+
+def zero1_times_world_size(flat_params, flat_grads, shard, optimizer):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    size = flat_params.numel() // world_size
+    shard.grad = flat_grads[rank * size:(rank + 1) * size].clone() * world_size
+    optimizer.step()
+    with torch.no_grad():
+        dist.all_gather_single(flat_params, shard.detach())
+
+
+def test_a_gradient_scaled_by_the_world_size_is_shown_on_two_ranks():
+    message = verdict("zero1_step", zero1_times_world_size)
+    # AdamW does not see a scale; SGD does, from 2 ranks on
+    assert message.startswith("SGD with momentum, 2 ranks, rank 0, after 4 steps: "
+                              "flat_params (shape (60,)) at [0]: expected"), message
