@@ -33,9 +33,10 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercis
                                          Verdict, register)
 
 CHANNELS = 3
-# rows on each rank, small to large: one rank alone; one row in all (an
-# empty rank beside it); uneven; an empty rank beside a big one; five ranks
-ROWS_CASES = [(4,), (1, 0), (2, 3), (2, 3, 4), (50, 0, 3), (1, 2, 3, 4, 5)]
+# rows on each rank, small to large: one rank alone, then with one row (no
+# unbiased variance there: 4 rows first tell that mistake by name); uneven;
+# an empty rank beside a big one; five ranks
+ROWS_CASES = [(4,), (1,), (2, 3), (2, 3, 4), (50, 0, 3), (1, 2, 3, 4, 5)]
 STATS_BYTES_PER_RANK = 3 * (2 * CHANNELS + 1) * 8  # three all-reduces of float64
 NEVER_WAITED = "an async all-reduce never waited"  # what a rank reports then
 

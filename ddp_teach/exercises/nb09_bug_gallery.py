@@ -86,9 +86,9 @@ def _mean_hint(results: list, world_size: int, rank: int) -> str:
                 "weighs as much as one with 5. All-reduce the sum and the "
                 "count, then divide.")
     if close(got, total) and world_size == 1:
-        return ("that is the sum of the values (divided by nothing, or by the "
-                "number of RANKS, 1 here): divide by the number of values, "
-                "all-reduced too.")
+        return ("that is the sum over every rank (one here), divided by "
+                "nothing or by the number of RANKS, 1: divide by the number "
+                "of values, all-reduced too.")
     if close(got, total):
         return ("that is the sum over every rank: divide it by the total "
                 "count, all-reduced too.")
