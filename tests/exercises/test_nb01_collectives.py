@@ -222,7 +222,7 @@ def test_a_fit_by_the_normal_equations_passes(capsys):
 
 def fit_weighted_by_the_time_squared(sizes, times, p):
     """Each row divided by its time twice: not "unweighted"."""
-    from ddp_teach.exercises.nb01_alpha_beta import weighted_fit
+    from ddp_teach.exercises.nbA1_cost_models import weighted_fit
     return weighted_fit(np.asarray(times), p, 2)
 
 
