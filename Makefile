@@ -24,7 +24,7 @@ export IPYTHONDIR := $(CURDIR)/.jupyter/ipython
 export MPLCONFIGDIR := $(CURDIR)/.jupyter/matplotlib
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup lab kernel browser test test-gpu test-isa test-versions test-colab \
+.PHONY: setup lab kernel browser test test-mutants test-gpu test-isa test-versions test-colab \
 	bench bench-gpu html clean
 
 setup: $(STAMP) | .jupyter
@@ -84,6 +84,12 @@ browser:
 
 test: setup browser
 	$(BIN)/python -m pytest
+
+# One-edit mutants of the rank-based exercises' references run through their
+# checkers; prints the share each checker rejects (tools/exercise_mutants.py).
+# Not part of `make test`: each mutant starts worker ranks; many minutes.
+test-mutants: setup
+	$(BIN)/python tools/exercise_mutants.py --accepted
 
 # The CUDA and nccl paths (tests/gpu) and the notebooks with GPU cells, on a
 # machine with GPUs. Without one every test is skipped, with the reason.

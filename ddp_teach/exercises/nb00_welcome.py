@@ -37,7 +37,7 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercis
                                          Verdict, register)
 
 CHECK_TIMEOUT_S = 5.0
-WORLD_SIZES = (2, 3, 1)  # the one-rank edge case last: it tells least
+WORLD_SIZES = (1, 2, 3, 4, 5)  # small to large: the first failure is the smallest
 RANK0_B = 100.0
 NEVER_WAITED = "an async collective never waited"  # what a rank reports then
 
@@ -112,6 +112,11 @@ def _count_hint(made) -> str | None:
                 "0's b, whatever it is.")
     if made["all_reduce"] == 0:
         return "keep the all_reduce, so that a is the sum on every rank."
+    if made["all_reduce"] == 2:
+        return ("a was all-reduced twice (both branches' calls kept?): on one "
+                "rank that changes nothing, on N ranks a is N times the sum. "
+                "Call all_reduce(a) once on every rank, then broadcast(b, "
+                "src=0) once.")
     return ("call all_reduce(a) once and broadcast(b, src=0) once on every "
             "rank.")
 

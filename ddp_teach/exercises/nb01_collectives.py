@@ -49,7 +49,7 @@ from ddp_teach.exercises.nb01_ring_mistakes import (all_gather_traffic,
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 
-WORLD_SIZES = (1, 2, 3, 4)
+WORLD_SIZES = (1, 2, 3, 4, 5)  # small to large, 5 not a power of two
 # (number of elements, dtype, requires_grad, layout): 1-D tensors of every
 # length and dtype, then other shapes: 0-d, a 3 x 4 matrix, and a
 # non-contiguous view (a transposed 4 x 3 matrix, whose reshape(-1) copies)
@@ -61,7 +61,7 @@ LAYOUTS = {"flat": lambda v: v, "0-d": lambda v: v.reshape(()),
            "3 x 4": lambda v: v.reshape(3, 4),
            "transposed": lambda v: v.reshape(4, 3).T}
 # checked once the values are right
-GRAD_CASES, GRAD_WORLD_SIZES = [(5, "float32", True, "flat")], (2, 3)
+GRAD_CASES, GRAD_WORLD_SIZES = [(5, "float32", True, "flat")], (2, 3, 5)
 CHECK_TIMEOUT_S = 5.0
 ALONE_HINT = ("with one rank there is nobody to send to; return early when "
               "world_size == 1.")

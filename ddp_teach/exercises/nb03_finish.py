@@ -18,12 +18,13 @@ wait (a division, say) is noted.
 import torch
 import torch.distributed as dist
 
+from ddp_teach.exercises.difference import first_difference
 from ddp_teach.exercises.harness import run_learner_code
-from ddp_teach.exercises.nb03_hook import batch_of, small_model as model
+from ddp_teach.exercises.nb03_hook import PARAM_NAMES, batch_of, small_model as model
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG,
                                          Exercise, Verdict, register)
 
-WORLD_SIZES = (2, 3)
+WORLD_SIZES = (1, 2, 3, 5)  # 1: the average is the rank's own gradient
 CANARY = 1.0e6  # a bucket's buffer until its wait(); gradients here are < 10
 
 
@@ -186,13 +187,18 @@ def check_finish(fn) -> Verdict:
         local, average = _expected(world_size)
         seen = results[0]
         if not all(seen["waited"]):
-            return Verdict(WRONG, "a bucket's work was never waited for.\n"
+            return Verdict(WRONG, f"on {world_size} rank{'s' * (world_size > 1)}, "
+                           f"bucket {seen['waited'].index(False)}'s work was "
+                           "never waited for.\n"
                            "Hint: call work.wait() before reading the buffer: "
                            "until then the sum may be half done.")
         if all(_close(g, a) for g, a in zip(seen["grads"], average)) and not seen["written"]:
             continue
-        return Verdict(WRONG, f"on {world_size} ranks the gradients after your "
-                       "finishing step are not the average over the ranks.\n"
+        where = first_difference(seen["grads"], average, PARAM_NAMES)
+        return Verdict(WRONG, f"on {world_size} rank{'s' * (world_size > 1)} "
+                       "(rank 0 shown), the gradients after your finishing "
+                       "step are not the average over the ranks"
+                       + (f": {where}" if where else "") + ".\n"
                        "Hint: " + _hint(seen, world_size, local[0], average))
     return Verdict(CORRECT, "waited, averaged and copied back, every bucket, on "
                             f"{WORLD_SIZES} ranks.")

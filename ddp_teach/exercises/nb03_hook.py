@@ -26,12 +26,14 @@ it.
 """
 import torch
 
+from ddp_teach.exercises.difference import first_difference
 from ddp_teach.exercises.harness import attempt, run_learner_code
 from ddp_teach.exercises.nb03_held_allreduce import HeldAllReduce, Spy, backward_watched
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG,
                                          Exercise, Verdict, register)
 
-WORLD_SIZES = (2, 3)
+WORLD_SIZES = (1, 2, 3, 5)  # small to large, 5 not a power of two
+PARAM_NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]  # small_model()'s
 
 
 def small_model():
@@ -152,44 +154,45 @@ def check_grad_hook(fn) -> Verdict:
         if problem:
             return problem
         seen = results[0]
+        where = f"on {world_size} rank{'s' * (world_size > 1)}, rank 0: "
         n_params = len(seen.get("grads", []))
         if "not_a_function" in seen:
-            return Verdict(WRONG, f"my_make_hook returned a {seen['not_a_function']}"
+            return Verdict(WRONG, where + f"my_make_hook returned a {seen['not_a_function']}"
                            ", not a function.\nHint: define hook(param) inside "
                            "my_make_hook and return it (without calling it).")
         if seen["returned"]:
-            return Verdict(WRONG, f"your hook returned a value ({seen['returned'][0]}): "
+            return Verdict(WRONG, where + f"your hook returned a value ({seen['returned'][0]}): "
                            "autograd refuses a post-accumulate-grad hook that "
                            "returns a value ('expected Variable, but hook "
                            "returned ...').\nHint: the hook returns nothing; "
                            "it appends (param, work) to `pending`.")
         if not seen["calls"]:
-            return Verdict(WRONG, "the hook started no all-reduce.\nHint: "
+            return Verdict(WRONG, where + "the hook started no all-reduce.\nHint: "
                            "dist.all_reduce(param.grad, async_op=True).")
         if not all(c["async"] for c in seen["calls"]):
-            return Verdict(WRONG, "dist.all_reduce ran to the end inside "
+            return Verdict(WRONG, where + "dist.all_reduce ran to the end inside "
                            "backward (async_op was not True): nothing "
                            "overlapped.\nHint: pass async_op=True, so the sum "
                            "travels while backward computes the next gradients.")
         if seen["waited"] or seen["stuck"]:
             how = "work.wait()" if seen["waited"] else "a wait on the work's future"
-            return Verdict(WRONG, f"the hook waited for its all-reduce ({how}) "
+            return Verdict(WRONG, where + f"the hook waited for its all-reduce ({how}) "
                            "before backward went on: backward stood still "
                            "until the sum arrived, as with a blocking call, so "
                            "nothing overlapped.\nHint: the hook only starts the "
                            "all-reduce and appends (param, work); the step "
                            "after backward waits.")
         if any(c["parameter"] for c in seen["calls"]) or seen["params_changed"]:
-            return Verdict(WRONG, "the hook all-reduced the parameter, and the "
+            return Verdict(WRONG, where + "the hook all-reduced the parameter, and the "
                            "parameters changed.\nHint: all-reduce param.grad, "
                            "not the parameter itself.")
         if len(seen["calls"]) != n_params:
-            return Verdict(WRONG, f"{len(seen['calls'])} all-reduces for "
+            return Verdict(WRONG, where + f"{len(seen['calls'])} all-reduces for "
                            f"{n_params} parameters.\nHint: each hook call "
                            "starts one all-reduce, of its own parameter's "
                            "gradient.")
         if seen["written"]:
-            return Verdict(WRONG, "param.grad was changed while its all-reduce "
+            return Verdict(WRONG, where + "param.grad was changed while its all-reduce "
                            "was in flight (a division after starting it?): "
                            "until the work completes, the tensor belongs to "
                            "the collective, and on a real network your "
@@ -198,7 +201,7 @@ def check_grad_hook(fn) -> Verdict:
         if seen["pairs"] != len(seen["pending"]) or seen["pairs"] != n_params \
                 or seen["params_first"] != n_params or seen["works"] != n_params:
             kinds = sorted(set(seen["pending"])) or ["nothing"]
-            return Verdict(WRONG, f"`pending` held {len(seen['pending'])} entries, "
+            return Verdict(WRONG, where + f"`pending` held {len(seen['pending'])} entries, "
                            f"each {' or '.join(kinds)}, for {n_params} "
                            "parameters.\nHint: append one pair (param, work) per "
                            "call: the parameter itself first, then the work "
@@ -210,7 +213,7 @@ def check_grad_hook(fn) -> Verdict:
             if seen["second_calls"] != n_params or seen["second_pairs"] != n_params \
                     or not all(g is not None and torch.allclose(g, s, atol=1e-6)
                                for g, s in zip(seen["second_grads"], rank_sums)):
-                return Verdict(WRONG, f"on {world_size} ranks the first backward "
+                return Verdict(WRONG, where + "the first backward "
                                "was right, but on the next one (pending emptied, "
                                "the gradients set to None, as a training step "
                                f"does) the hooks started {seen['second_calls']} "
@@ -222,8 +225,9 @@ def check_grad_hook(fn) -> Verdict:
                                "counter); start one all-reduce per call.")
             continue
         hint = _results_hint(seen, world_size, rank_sums, local[0])
-        return Verdict(WRONG, f"on {world_size} ranks the summed gradients are "
-                       "wrong.\nHint: " + (hint or "all-reduce param.grad "
+        differ = first_difference(seen["grads"], rank_sums, PARAM_NAMES)
+        return Verdict(WRONG, where + "the gradients after backward are not "
+                       f"the sum over the ranks: {differ}.\nHint: " + (hint or "all-reduce param.grad "
                        "itself (in place) with the default op, SUM, once per "
                        "parameter."))
     return Verdict(CORRECT, "one async SUM of param.grad per parameter, started "

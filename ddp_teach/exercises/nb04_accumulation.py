@@ -25,11 +25,13 @@ of the summed losses) so that the hint names the one made.
 """
 import torch
 
+from ddp_teach.exercises.difference import first_difference
 from ddp_teach.exercises.harness import attempt, run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 
-MICRO_BATCHES = 3
+COUNTS = (1, 2, 3)  # micro-batches per call, small to large
+WORLD_SIZES = (1, 2, 3)
 GRAD_ATOL = 1e-6  # float32 rounding of a few gradient terms of order 1
 
 
@@ -45,13 +47,13 @@ def _micro_batches(rank, count):
 
 
 def _accumulate_on_ranks(rank, world_size, fn):
-    """For 3 micro-batches, then 1: the gradients, when the call began and
+    """For each count of COUNTS micro-batches: the gradients, when the call began and
     ended (to count its all-reduces in the trace), how often it entered
     no_sync, and whether it changed the caller's list."""
     from torch.nn.parallel import DistributedDataParallel
     from ddp_teach.tracing import now
     runs = []
-    for count in (MICRO_BATCHES, 1):
+    for count in COUNTS:
         model = DistributedDataParallel(_model())
         entered, real_no_sync = [0], model.no_sync
 
@@ -95,26 +97,33 @@ def _same_grads(got, want) -> bool:
 
 
 def check_no_sync(fn) -> Verdict:
-    results, problem = run_learner_code(_accumulate_on_ranks, 2, fn,
-                                        timeout=15.0, trace=True)
-    if problem:
-        return problem
-    for phase, count in enumerate((MICRO_BATCHES, 1)):
-        run = results[0][phase]
-        events = [e.name for e in results.timeline.for_rank(0)
-                  if e.kind == "comm" and run["start"] <= e.start <= run["end"]]
-        reduces = [name for name in events if name.startswith("ddp bucket")]
-        syncs = len(reduces) // max(1, len(set(reduces)))
-        hint = _no_sync_hint(run, count, syncs, events.count("all_reduce"))
-        if hint:
-            return Verdict(WRONG, f"with {count} micro-batch{'es' * (count > 1)} "
-                           f"on 2 ranks: {hint}")
-    return Verdict(CORRECT, f"{MICRO_BATCHES} micro-batches, then 1: one "
-                            "all-reduce each time, the full-batch gradient, the "
-                            "list left as it was.")
+    """Small to large: every world size of WORLD_SIZES, each with 1, 2 and 3
+    micro-batches (a fresh model each call), so the first mistake shown is
+    on the smallest case that has it."""
+    for world_size in WORLD_SIZES:
+        results, problem = run_learner_code(_accumulate_on_ranks, world_size,
+                                            fn, timeout=15.0, trace=True)
+        if problem:
+            return problem
+        for phase, count in enumerate(COUNTS):
+            run = results[0][phase]
+            events = [e.name for e in results.timeline.for_rank(0)
+                      if e.kind == "comm" and run["start"] <= e.start <= run["end"]]
+            reduces = [name for name in events if name.startswith("ddp bucket")]
+            syncs = len(reduces) // max(1, len(set(reduces)))
+            hint = _no_sync_hint(run, count, syncs, events.count("all_reduce"),
+                                 world_size)
+            if hint:
+                return Verdict(WRONG, f"with {count} micro-batch"
+                               f"{'es' * (count > 1)} on {world_size} rank"
+                               f"{'s' * (world_size > 1)}: {hint}")
+    return Verdict(CORRECT, f"{', '.join(map(str, COUNTS))} micro-batches on "
+                            f"{', '.join(map(str, WORLD_SIZES))} ranks: one "
+                            "all-reduce each time, a backward per micro-batch, "
+                            "the full-batch gradient, the list left as it was.")
 
 
-def _no_sync_hint(run, count, syncs, by_hand) -> str | None:
+def _no_sync_hint(run, count, syncs, by_hand, world_size) -> str | None:
     if run["list_changed"]:
         return ("your function changed the list of micro-batches it was given "
                 "(pop? remove?).\nHint: loop over it without changing it; the "
@@ -150,18 +159,20 @@ def _no_sync_hint(run, count, syncs, by_hand) -> str | None:
                 "micro-batches before the last: run their forward and "
                 "backward inside `with model.no_sync():`.")
     got = run["grads"]
-    if _same_grads(got, _expected_grads(2, count)):
+    if _same_grads(got, _expected_grads(world_size, count)):
         return None
-    if count > 1 and _same_grads(got, _expected_grads(2, count, divide=False)):
+    if count > 1 and _same_grads(got, _expected_grads(world_size, count, divide=False)):
         return ("the gradients are the SUM over micro-batches.\nHint: divide "
                 "each micro-batch's loss by the number of micro-batches, so "
                 "the accumulated gradient is a mean.")
-    if count > 1 and _same_grads(got, _expected_grads(2, count, only_last=True)):
+    if count > 1 and _same_grads(got, _expected_grads(world_size, count, only_last=True)):
         return ("only the last micro-batch's gradient is left.\nHint: do not "
                 "zero the gradients between micro-batches: backward adds into "
                 ".grad, and that sum is the point.")
-    return ("one all-reduce, but the gradients differ from the full batch's."
-            "\nHint: loss = model(x).square().mean() / len(micro_batches) for "
+    differ = first_difference(got, _expected_grads(world_size, count),
+                              ["0.weight", "0.bias", "2.weight", "2.bias"])
+    return (f"one all-reduce, but the gradients differ from the full batch's: "
+            f"{differ}.\nHint: loss = model(x).square().mean() / len(micro_batches) for "
             "each micro-batch.")
 
 

@@ -33,8 +33,10 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercis
                                          Verdict, register)
 
 CHANNELS = 3
-# rows on each rank: uneven; one rank alone; an empty rank beside a big one
-ROWS_CASES = [(2, 3), (2, 3, 4), (4,), (50, 0, 3)]
+# rows on each rank, small to large: one rank alone, then with one row (no
+# unbiased variance there: 4 rows first tell that mistake by name); uneven;
+# an empty rank beside a big one; five ranks
+ROWS_CASES = [(4,), (1,), (2, 3), (2, 3, 4), (50, 0, 3), (1, 2, 3, 4, 5)]
 STATS_BYTES_PER_RANK = 3 * (2 * CHANNELS + 1) * 8  # three all-reduces of float64
 NEVER_WAITED = "an async all-reduce never waited"  # what a rank reports then
 
@@ -80,11 +82,11 @@ def _stats_hint(mean, var, batches, full, rank) -> str:
                 "all-reduce spreads that NaN to every rank: all-reduce sums and "
                 "counts, and divide only by the global count.")
     close = lambda a, b: torch.allclose(a, b, rtol=1e-6, atol=1e-6)  # noqa: E731
-    if len(local) and close(mean, local.mean(0)):
+    if len(batches) > 1 and len(local) and close(mean, local.mean(0)):
         return ("these are this rank's own statistics: all-reduce the count, "
                 "the sum and the sum of squares first.")
     means = [b.double().mean(0) for b in batches if len(b)]
-    if close(mean, torch.stack(means).mean(0)):
+    if len(means) > 1 and close(mean, torch.stack(means).mean(0)):
         return ("you averaged the ranks' means, but the ranks hold different "
                 "numbers of rows: all-reduce the sums and the count, then divide.")
     if close(var, full.var(0, unbiased=True)):

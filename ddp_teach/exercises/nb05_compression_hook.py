@@ -2,7 +2,7 @@
 scale's update rule is checked in nb05_mixed_precision.py).
 
 `compression_hook` runs on real ranks: called directly on a bucket whose
-values overflow fp16 if summed before dividing, on 1, 2 and 3 ranks; then
+values overflow fp16 if summed before dividing, on 1 to 5 ranks; then
 plugged into torch's DDP for one backward; then into a DDP over a
 sub-group of 2 of 3 ranks. The reference (`amp.fp16_allreduce_hook`, like
 torch's `fp16_compress_hook`) guarantees:
@@ -36,7 +36,7 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercis
                                          Verdict, register)
 
 SIXTEEN_BIT = ("torch.float16", "torch.bfloat16")
-HOOK_WORLD_SIZES = (1, 2, 3)
+HOOK_WORLD_SIZES = (1, 2, 3, 4, 5)
 HOOK_RETURN_S = 3.0  # a hook that has not returned by then waits on itself
 
 
@@ -203,7 +203,7 @@ def check_compression_hook(fn) -> Verdict:
         return Verdict(WRONG, "in torch's DDP over ranks 0 and 1 of 3 the "
                        f"gradients were off by {max(results[:2]):.1%} of the "
                        f"largest one.\nHint: {group_hint}")
-    return Verdict(CORRECT, "averages in 16 bits on 1, 2 and 3 ranks without "
+    return Verdict(CORRECT, "averages in 16 bits on 1 to 5 ranks without "
                             "overflowing or waiting, drops into torch's DDP "
                             "(gradients match fp32 to within 16-bit rounding), "
                             "on a sub-group too.")

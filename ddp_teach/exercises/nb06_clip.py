@@ -7,7 +7,7 @@ guarantees, and how each property is checked:
 
 - values: every rank's chunk becomes its chunk of torch's
   `clip_grad_norm_` of the whole gradient, and every rank returns the whole
-  gradient's norm (the same number on every rank): on 1, 2 and 3 ranks,
+  gradient's norm (the same number on every rank): on 1 to 5 ranks,
   with the norm above `max_norm` (it clips) and below it (it must not
   scale up);
 - in place: the tensor the caller passed is scaled, as torch's function
@@ -37,8 +37,8 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercis
                                          Verdict, register)
 from ddp_teach.flat import flat_slice, shard_size
 
-WORLD_SIZES = (1, 2, 3)
-CLIP_LENGTH = 13  # padded to 14 on 2 ranks, 15 on 3
+WORLD_SIZES = (1, 2, 3, 4, 5)
+CLIP_LENGTH = 13  # prime: padded to 14, 15, 16 and 15 on 2 to 5 ranks
 # name: (the whole gradient, max_norm, how it is cut)
 CASES = {
     "a gradient whose norm is above max_norm":
@@ -235,7 +235,7 @@ def check_sharded_clip(fn) -> Verdict:
         wrong.message = wrong.message.split("\nHint: ")[0] + f"\nHint: {EMPTY_HINT}"
         return wrong
     return Verdict(CORRECT, "torch's clip_grad_norm_ of the whole gradient, "
-                            "shard by shard and in place, on 1, 2 and 3 ranks, "
+                            "shard by shard and in place, on 1 to 5 ranks, "
                             "above and below max_norm, for a zero gradient, "
                             "and with one rank's shard empty.")
 

@@ -4,7 +4,7 @@ sharded gradient is checked in nb06_clip.py, ZeRO-3 in nb06_zero3.py).
 `zero1_step(flat_params, flat_grads, shard, optimizer)`: shard assignment
 and the ZeRO-1 step (Rajbhandari et al. 2020, P_os). What the reference,
 `ddp_teach.zero.zero1_step`, guarantees, and how each property is checked
-(on 1, 2 and 3 ranks, 4 steps of AdamW and of SGD with momentum each; SGD
+(on 1 to 5 ranks, 4 steps of AdamW and of SGD with momentum each; SGD
 is there because Adam barely notices a gradient N times too large):
 
 - values: after every step `flat_params` holds, on every rank, what the
@@ -33,12 +33,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_teach.exercises.difference import first_difference
 from ddp_teach.exercises.harness import run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 
-LENGTH, STEPS = 12, 4  # 12 elements split evenly over 1, 2 and 3 ranks
-WORLD_SIZES = (1, 2, 3)
+LENGTH, STEPS = 60, 4  # 60 elements split evenly over 1 to 5 ranks
+WORLD_SIZES = (1, 2, 3, 4, 5)
 OPTIMIZERS = {
     "AdamW": lambda params: torch.optim.AdamW(params, lr=0.1, weight_decay=0.1),
     "SGD with momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
@@ -198,16 +199,15 @@ def check_zero1_step(fn) -> Verdict:
                 got = rank_results[name]
                 hint = _first_problem(got, make_optimizer, world_size, rank, want)
                 if hint:
-                    values = ("" if torch.allclose(got["flat"], want, rtol=1e-5,
-                                                   atol=1e-6)
-                              else f"\nexpected {want.tolist()}\n"
-                                   f"got      {got['flat'].tolist()}")
+                    differ = first_difference([got["flat"]], [want],
+                                              ["flat_params"])
+                    values = f" {differ}" if differ else ""
                     return Verdict(WRONG, (
                         f"{name}, {world_size} rank{'s' * (world_size > 1)}, "
                         f"rank {rank}, after {STEPS} steps:{values}\n"
                         f"Hint: {hint}"))
     return Verdict(CORRECT, "equal to the unsharded optimizer (AdamW and SGD "
-                            "with momentum) on 1, 2 and 3 ranks, written into "
+                            "with momentum) on 1 to 5 ranks, written into "
                             "flat_params after the step, with optimizer state "
                             "for one shard per rank, flat_grads left as it "
                             "was and shard.grad in memory of its own.")

@@ -4,8 +4,8 @@
 whose weight is split by rows (output features) over the ranks (Shoeybi et
 al., Megatron-LM, 2019). What the reference,
 `ddp_teach.tensor_parallel.column_parallel_forward`, guarantees, and how
-each property is checked (on 1, 2 and 3 ranks; 6 output features split
-into 6, 3 and 2):
+each property is checked (on 1 to 5 ranks; 60 output features split
+into 60, 30, 20, 15 and 12):
 
 - values: every rank returns the whole output, equal to `nn.Linear`'s;
 - gradient flow: backward through the output gives `weight_shard` and
@@ -35,8 +35,8 @@ from ddp_teach.exercises.harness import run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 
-WORLD_SIZES = (1, 2, 3)
-BATCH, IN, OUT = 3, 5, 6  # OUT splits into 1, 2 and 3 slices
+WORLD_SIZES = (1, 2, 3, 4, 5)
+BATCH, IN, OUT = 3, 5, 60  # OUT splits into 1 to 5 slices
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
 
 
@@ -184,7 +184,7 @@ def check_column_parallel(fn) -> Verdict:
             hint = _gradient_hint(got, rank, world_size)
             if hint:
                 return Verdict(WRONG, where + hint)
-    return Verdict(CORRECT, f"equal to nn.Linear({IN}, {OUT}) on 1, 2 and 3 "
+    return Verdict(CORRECT, f"equal to nn.Linear({IN}, {OUT}) on 1 to 5 "
                             "ranks, on every rank, with each shard's gradient "
                             "that of its own output features, and only "
                             "outputs gathered.")

@@ -43,8 +43,9 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
 # ---- dataset_mean -----------------------------------------------------------
 
 def _local_losses(rank: int, world_size: int) -> torch.Tensor:
-    """Rank 0 holds 5 values, rank 1 one, rank 2 none: a last batch."""
-    count = [5, 1, 0][rank]
+    """Rank 0 holds 5 values, rank 1 one, rank 2 none (a last batch), ranks 3
+    and 4 three and two."""
+    count = [5, 1, 0, 3, 2][rank]
     return torch.arange(count, dtype=torch.float32) + 10.0 * rank + 1.0
 
 
@@ -84,6 +85,10 @@ def _mean_hint(results: list, world_size: int, rank: int) -> str:
         return ("that is the mean of the ranks' means: a rank with 1 value "
                 "weighs as much as one with 5. All-reduce the sum and the "
                 "count, then divide.")
+    if close(got, total) and world_size == 1:
+        return ("that is the sum over every rank (one here), divided by "
+                "nothing or by the number of RANKS, 1: divide by the number "
+                "of values, all-reduced too.")
     if close(got, total):
         return ("that is the sum over every rank: divide it by the total "
                 "count, all-reduced too.")
@@ -101,7 +106,7 @@ def _mean_hint(results: list, world_size: int, rank: int) -> str:
 
 
 def check_dataset_mean(fn) -> Verdict:
-    for world_size in (2, 3):
+    for world_size in (1, 2, 3, 5):
         results, problem = run_learner_code(_mean_on_ranks, world_size, fn)
         if problem:
             return problem

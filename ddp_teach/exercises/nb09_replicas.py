@@ -1,11 +1,12 @@
-"""Checkers for notebook 09's replica tools: `differing_tensors` (which
-parameters and buffers differ between ranks) and `nonfinite_ranks` (on
-which ranks a loss is NaN or inf).
+"""Checker for notebook 09's replica tool `differing_tensors` (which
+parameters and buffers differ between ranks; `nonfinite_ranks` is checked
+in nb09_nonfinite.py).
 
-What each reference (in ddp_teach/debugging.py) guarantees, each property
+What the reference (in ddp_teach/debugging.py) guarantees, each property
 checked on real ranks with the hint that names the mistake breaking it:
 
-`differing_tensors(model)`, on 2 and 3 ranks:
+`differing_tensors(model)`, on 1, 2, 3 and 5 ranks (on 1 nothing differs,
+not even the NaN every rank holds alike; ranks 3 and 4 are rank 0's copies):
 - a tensor differs if its bytes differ on any two ranks: two rows swapped
   (same sum, same norm), one number one bit off (allclose would pass it);
 - a NaN on one rank where the others hold a number is a difference;
@@ -19,13 +20,6 @@ checked on real ranks with the hint that names the mistake breaking it:
   seed, torchrun's do not, so inside the check `hash()` of str and bytes
   is salted per rank, as separate interpreters' would be; an answer that
   compares hash(tensor bytes) is then wrong, and told why.
-
-`nonfinite_ranks(loss)`, on 3 ranks with NaN, inf, -inf and finite losses:
-- the ranks whose loss is NaN, inf or -inf, in order, on every rank;
-- found from a flag per rank: neither the loss itself communicated (the
-  all-reduce spreads the NaN) nor a flag reduced to one (that says whether
-  SOME rank is bad, not which);
-- the loss left as it was (it is backpropagated next).
 """
 import builtins
 import math
@@ -42,8 +36,9 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG,
 # ---- differing_tensors ------------------------------------------------------
 
 # what differs on 2 ranks, and on 3 (rank 2's changes join in)
-WHERE_THEY_DIFFER = {2: ["0.weight", "1.bias"],
+WHERE_THEY_DIFFER = {1: [], 2: ["0.weight", "1.bias"],
                      3: ["0.weight", "1.bias", "0.bias", "1.running_mean"]}
+WHERE_THEY_DIFFER[5] = WHERE_THEY_DIFFER[3]  # ranks 3 and 4 are rank 0's copies
 
 
 def _replica(rank: int) -> nn.Module:
@@ -146,7 +141,7 @@ HASH_HINT = (
 
 
 def check_differing_tensors(fn) -> Verdict:
-    for world_size in (2, 3):
+    for world_size in (1, 2, 3, 5):
         runs, problem = run_learner_code(_differing_on_ranks, world_size, fn)
         if problem:
             return problem
@@ -166,116 +161,8 @@ def check_differing_tensors(fn) -> Verdict:
     return Verdict(CORRECT, "found the swapped rows, the NaN on one rank, the "
                             "one-bit bias and the drifted buffer, not the NaN "
                             "that every rank holds alike, on every rank, with "
-                            "2 and 3 ranks, each rank hashing as a process of "
+                            "1, 2, 3 and 5 ranks, each rank hashing as a process of "
                             "its own would.")
-
-
-# ---- nonfinite_ranks --------------------------------------------------------
-
-LOSS_CASES = [  # the loss on ranks 0, 1, 2
-    (1.5, math.nan, 0.25),
-    (1.5, 2.0, math.inf),
-    (1.5, 2.0, 0.25),
-    (math.nan, 2.0, -math.inf),
-]
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal values, NaN equal to NaN."""
-    return bool(((a == b) | (a.isnan() & b.isnan())).all())
-
-
-def _nonfinite_on_ranks(rank, world_size, fn):
-    with lands_on_wait() as started:  # async collectives land at wait()
-        seen = _nonfinite_calls(rank, fn)
-        if seen is not NOT_ATTEMPTED:
-            seen["unwaited"] = never_waited(started)
-    return seen
-
-
-def _nonfinite_calls(rank, fn):
-    found, reduced, changed = [], set(), False
-    real = dist.all_reduce
-
-    def spy(tensor, *args, **kwargs):  # notes what was all-reduced
-        reduced.add("loss" if tensor.numel() == 1 and _same(tensor.detach().reshape(()), value)
-                    else "flag")
-        return real(tensor, *args, **kwargs)
-    dist.all_reduce = spy
-    try:
-        for losses in LOSS_CASES:
-            value = torch.tensor(losses[rank])
-            loss = torch.tensor(losses[rank], requires_grad=True) * 1.0  # as a loss is
-            try:
-                found.append(list(fn(loss)))
-            except NotImplementedError:
-                return NOT_ATTEMPTED
-            changed = changed or not _same(loss.detach(), value)
-    finally:
-        dist.all_reduce = real
-    return {"found": found, "reduced": sorted(reduced), "changed": changed}
-
-
-def check_nonfinite_ranks(fn) -> Verdict:
-    results, problem = run_learner_code(_nonfinite_on_ranks, 3, fn)
-    if problem:
-        return problem
-    if any(r["unwaited"] for r in results):
-        return Verdict(WRONG, "an async collective was never waited for.\n"
-                       f"Hint: {UNWAITED_HINT}")
-    for case, losses in enumerate(LOSS_CASES):
-        want = [r for r, loss in enumerate(losses) if not math.isfinite(loss)]
-        got = [per_rank["found"][case] for per_rank in results]
-        if all(g == want for g in got):
-            continue
-        shown = (f"losses {list(losses)} on ranks 0, 1, 2: expected {want} on "
-                 f"every rank, got {got} (one list per rank).\nHint: ")
-        return Verdict(WRONG, shown + _nonfinite_hint(got, want, results[0]))
-    if any(r["changed"] for r in results):
-        return Verdict(WRONG, "the right ranks, but your function changed the "
-                       "loss it was given (an in-place all_reduce or "
-                       "nan_to_num_ on it?), and the training step "
-                       "backpropagates that loss next.\nHint: communicate a "
-                       "new tensor (a flag), and leave the loss alone.")
-    return Verdict(CORRECT, "named the ranks with a NaN, an inf or a -inf, and "
-                            "none when all were finite, on every rank, the "
-                            "loss left as it was.")
-
-
-FLAG_MISTAKES = [  # (which losses the mistake flags, the hint that names it)
-    (math.isnan, "an inf is not a NaN (and inf == inf): test with "
-     "torch.isfinite, which catches NaN, inf and -inf."),
-    (lambda loss: math.isnan(loss) or loss == math.inf, "-inf counts too: test "
-     "with torch.isfinite, which catches NaN, inf and -inf, rather than "
-     "comparing with inf."),
-    (math.isinf, "a NaN is not an inf: test with torch.isfinite, which catches "
-     "NaN, inf and -inf."),
-]
-
-
-def _nonfinite_hint(got, want, seen) -> str:
-    """The hint for `got` (one list per rank) on a failing case; `seen`
-    is rank 0's record over every case."""
-    if any(g != got[0] for g in got):
-        return ("the ranks answered differently: each knows only its own loss. "
-                "All-gather a flag per rank so that every rank learns about all "
-                "of them.")
-    if want and got[0] == [0, 1, 2]:
-        if "loss" in seen["reduced"]:
-            return ("every rank is named: the NaN went through a collective "
-                    "(all-reduce of the loss) and reached all ranks, which is "
-                    "the very thing that hides where it started. Communicate a "
-                    "0/1 flag per rank, not the loss.")
-        return ("every rank is named: an all-reduce of a flag (MAX or SUM) "
-                "says whether SOME rank is bad, not which. Gather one flag "
-                "per rank (dist.all_gather) and return the ranks whose flag "
-                "is set.")
-    for flagged, hint in FLAG_MISTAKES:
-        if all(found == [r for r, loss in enumerate(losses) if flagged(loss)]
-               for found, losses in zip(seen["found"], LOSS_CASES)):
-            return hint
-    return ("flag = not torch.isfinite(loss); gather every rank's flag; "
-            "return the ranks whose flag is set, in order.")
 
 
 register(Exercise(
@@ -289,13 +176,3 @@ register(Exercise(
      "from rank 0's.",
      "Compare bytes, not values: allclose misses the last bit, and NaN == NaN "
      "is False. tensor.view(torch.uint8) shows a tensor's bytes."]))
-register(Exercise(
-    "nonfinite_ranks", "Which ranks have a NaN or inf loss",
-    "nonfinite_ranks", "ddp_teach.debugging:nonfinite_ranks",
-    check_nonfinite_ranks,
-    ["Do not all-reduce the loss itself: that spreads the NaN everywhere.",
-     "A 0/1 flag per rank (is this rank's loss finite?), gathered from every "
-     "rank with dist.all_gather, says which ranks went bad.",
-     "Return the ranks whose flag is set, in rank order; leave the loss "
-     "as it was."],
-    stub_parameters=("loss",)))

@@ -145,7 +145,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("fix_hang", no_broadcast, "keep the broadcast"),
     ("fix_hang", no_all_reduce, "keep the all_reduce"),
     # the second attempt's mistakes
-    ("fix_hang", both_branches_kept, ("2 times the sum", "all-reduced twice")),
+    ("fix_hang", both_branches_kept, ("all-reduced twice", "N times the sum")),
     ("fix_hang", tensors_swapped, "the tensors are swapped"),
     ("fix_hang", broadcast_from_rank_one, ("rank 1's b", "src=0")),
     ("fix_hang", values_typed_in, ("0 all_reduce and 0 broadcast",

@@ -100,7 +100,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("ddp_finish", divides_twice, "divided by world_size twice"),
     ("ddp_finish", returns_inside_the_loop, "finish EVERY bucket"),
     ("ddp_finish", walks_the_params_in_reverse, "went to the parameters in reverse"),
-    ("ddp_finish", divides_by_the_number_of_buckets, "the average times 1.5"),
+    ("ddp_finish", divides_by_the_number_of_buckets, "the average times 0.5"),
 ]
 
 

@@ -92,7 +92,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("syncbn_stats", local_stats, "this rank's own statistics"),
     ("syncbn_stats", mean_of_means, "averaged the ranks' means"),
     ("syncbn_stats", unbiased, "biased variance"),
-    ("no_sync_accumulation", every_micro_batch_synced, "all-reduced 3 times"),
+    ("no_sync_accumulation", every_micro_batch_synced, "all-reduced 2 times"),
     ("no_sync_accumulation", never_synced, "never all-reduced"),
     ("no_sync_accumulation", loss_not_divided, "SUM over micro-batches"),
 ]

@@ -119,5 +119,5 @@ PLANTED += [
     ("syncbn_stats", stats_with_an_unwaited_all_reduce, ("never waited for",
                                                          "work.wait()")),
     ("no_sync_accumulation", one_backward_of_the_sum,
-     ("1 backward pass for 3 micro-batches", "activations alive at once")),
+     ("1 backward pass for 2 micro-batches", "activations alive at once")),
 ]
