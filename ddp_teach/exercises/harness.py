@@ -67,6 +67,31 @@ def is_poisoned(value) -> bool:
     return False
 
 
+class HeldWork:
+    """What a checker hands learner code as the work of an all-reduce it
+    holds back: torch's Work protocol (`wait`, `is_completed`,
+    `get_future`) over `release()`, which a subclass writes and which lands
+    the result and completes `self.future`. `wait()` releases and is noted
+    (`waited`), so a checker can tell waiting from being released."""
+
+    def __init__(self):
+        self.future, self.waited = torch.futures.Future(), False
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        self.release()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+    def get_future(self):
+        return self.future
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+
 class _LandsOnWait:
     """A work whose `wait()`, or its future's completion, also copies each
     landing buffer into the tensor the caller gave (once)."""

@@ -11,11 +11,13 @@ import threading
 import torch
 import torch.distributed as dist
 
+from ddp_teach.exercises.harness import HeldWork
+
 HOLD_S = 3.0  # a backward of this tiny model stuck this long waits on a held future
 CANARY = 12345.0  # param.grad's value while its all-reduce is in flight
 
 
-class HeldAllReduce:
+class HeldAllReduce(HeldWork):
     """An async all-reduce whose sum lands in the caller's tensor (and whose
     future completes) only at `release()`, or at the work's `wait()`, which
     is noted. Until then the tensor holds CANARY, so that a write to it in
@@ -26,19 +28,9 @@ class HeldAllReduce:
             self.tensor, self.landing = tensor, tensor.detach().clone()
             self.work = all_reduce(self.landing, *args, **kwargs)
             tensor.fill_(CANARY)
-        self.future, self.waited, self.written_in_flight = torch.futures.Future(), False, False
+        super().__init__()
+        self.written_in_flight = False
         self.lock = threading.Lock()  # the checker and backward's thread may both release
-
-    def wait(self, *args, **kwargs):
-        self.waited = True
-        self.release()
-        return True
-
-    def is_completed(self) -> bool:
-        return self.future.done()
-
-    def get_future(self):
-        return self.future
 
     def release(self) -> None:
         with self.lock:

@@ -31,7 +31,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ddp_teach.exercises.harness import is_poisoned, poison, run_learner_code
+from ddp_teach.exercises.harness import HeldWork, is_poisoned, poison, run_learner_code
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 
@@ -56,7 +56,7 @@ class _Bucket:
         return True
 
 
-class _HeldAllReduce:
+class _HeldAllReduce(HeldWork):
     """An async all-reduce run on a buffer of the checker's: the caller's
     tensor holds poison, and the result lands in it (and the future
     completes) only at `release()`, which the checker calls once the hook
@@ -66,18 +66,7 @@ class _HeldAllReduce:
         self.tensor, self.landing = tensor, tensor.clone()
         self.work = all_reduce(self.landing, *args, **dict(kwargs, async_op=True))
         poison(tensor)
-        self.future, self.waited = torch.futures.Future(), False
-
-    def wait(self, *args, **kwargs):
-        self.waited = True
-        self.release()
-        return True
-
-    def is_completed(self) -> bool:
-        return self.future.done()
-
-    def get_future(self):
-        return self.future
+        super().__init__()
 
     def release(self) -> None:
         if not self.future.done():
