@@ -195,8 +195,9 @@ def _grad_mode_verdict(got, meeting, grad) -> Verdict | None:
     return None
 
 
-FAILING_REPLICAS = (1, 0, 2)  # one in the middle, one with slower replicas
-# after it (the others finish later: see _error_verdict), the last one
+FAILING_REPLICAS = (1, 0, 2)  # one in the middle, the first, the last: replica i
+# finishes STAGGER_S * i after the others meet, so every replica but the last
+# has slower ones after it and an early raise is seen on every machine
 
 
 def _names_replica(text: str, index: int) -> bool:
@@ -214,7 +215,7 @@ def _error_verdict(fn) -> Verdict:
     finished (an early raise would leave replicas running)."""
     from ddp_teach import dp
     for failing in FAILING_REPLICAS:
-        meeting = Meeting(3, stagger=failing == 0, reverse=False)
+        meeting = Meeting(3, stagger=True, reverse=False)
         replicas = dp.replicate(Probe(meeting), ["cpu"] * 3)
         bad = probe_pieces(3)
         bad[failing][1] = -1

@@ -184,7 +184,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("dp_parallel_apply", pool_of_two, ("at most 2 of 3", "fewer threads than replicas")),
     ("dp_parallel_apply", never_joined, ("got None", "join() every thread")),
     ("dp_parallel_apply", replica_as_the_target, "throws its target's return value away"),
-    ("dp_parallel_apply", raises_at_the_first_join, ("replica 0 failed",
+    ("dp_parallel_apply", raises_at_the_first_join, ("replica 1 failed",
                                                      "still running")),
 ]
 
