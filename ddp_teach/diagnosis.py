@@ -1,6 +1,6 @@
 """Why is my DDP slower than one GPU? Naming the cause from a timeline.
 
-Notebook 09's diagnosis lab provokes the usual causes on simulated GPUs and
+Notebook 11's diagnosis lab provokes the usual causes on simulated GPUs and
 reads each one's symptom in `Timeline.summary()`; `diagnose` is the
 exercise's reference: the rules a person applies to a DDP run's timeline
 and a one-GPU run of the same model, in the order that keeps them apart.

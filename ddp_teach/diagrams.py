@@ -16,7 +16,7 @@ that it can be checked against the real collectives; `draw(op)` draws it.
 `barrier` has no picture: it moves no data, it only makes ranks wait.
 
 `parameter_server_traffic(n)` draws who talks to whom in one step of
-training before all-reduce (notebook 08, `ddp_teach.paramserver`): every
+training before all-reduce (notebook 09, `ddp_teach.paramserver`): every
 worker to and from one server, beside a ring all-reduce's neighbours.
 """
 import math

@@ -1,6 +1,6 @@
 """A small character-level transformer language model, and its corpus.
 
-The capstone (notebook 10) trains one real model with everything the course
+The capstone (notebook 11) trains one real model with everything the course
 built: one process, DDP, bf16, ZeRO-3, accumulation, checkpoints, torchrun.
 This module holds the parts that are not about distribution, so that the
 notebook can show only what changes from one way of training to the next:

@@ -39,7 +39,7 @@ def shard(tensor, dim: int, rank: int, world_size: int):
 def column_parallel_forward(x, weight_shard, bias_shard):
     """y = x W^T + b with W split by rows (output features) across ranks:
     this rank's slice of the outputs, then an all-gather, the slices placed
-    in rank order along the last (feature) dimension (notebook 08's
+    in rank order along the last (feature) dimension (notebook 10's
     exercise). `dist.all_gather` fills its list outside autograd, so this
     rank's own slot gets `local` itself: backward through the output then
     gives `weight_shard` and `bias_shard` the gradient of their own output

@@ -28,7 +28,7 @@ What is not a claim, and is left out before numbers are taken:
   over" is kept: `times` is a unit): instructions count with them.
 
     python tools/prose_numbers.py            # every notebook's flags
-    python tools/prose_numbers.py 10         # notebook 10's, in context
+    python tools/prose_numbers.py 11         # notebook 11's, in context
 
 tests/notebooks/test_prose_numbers.py runs it over every notebook.
 """
@@ -139,6 +139,23 @@ def strip_non_claims(markdown: str) -> str:
     return REFERENCE.sub(" ", text)
 
 
+# A table cell that lists notebooks only, as the course map's "needs first"
+# column does: "| 04, 11 |", "| 00 to 07 |".
+NOTEBOOK_LIST_CELL = re.compile(r"\s*\d\d(?:\s*(?:,|to|and)\s*\d\d)*\s*")
+
+
+def _table_cell(text: str, at: int) -> str:
+    """The markdown table cell around position `at`, or "" outside a table."""
+    line_start = text.rfind("\n", 0, at) + 1
+    line_end = text.find("\n", at)
+    line = text[line_start:line_end if line_end >= 0 else None]
+    if not line.lstrip().startswith("|"):
+        return ""
+    left = text.rfind("|", line_start, at)
+    right = text.find("|", at)
+    return text[left + 1:right] if left >= 0 and right >= 0 else ""
+
+
 def prose_numbers(markdown: str, cell: int = 0) -> list[ProseNumber]:
     """Every number of a markdown cell that could be a claim."""
     found = []
@@ -157,6 +174,8 @@ def prose_numbers(markdown: str, cell: int = 0) -> list[ProseNumber]:
             continue
         if len(text) == 2 and text.startswith("0"):   # "03": a notebook
             continue
+        if NOTEBOOK_LIST_CELL.fullmatch(_table_cell(cleaned, match.start())):
+            continue                                   # "| 04, 11 |": notebooks
         values = {value, *(value * factor for factor in SCALE.get(unit, []))}
         line_start = cleaned.rfind("\n", 0, match.start()) + 1
         line_end = cleaned.find("\n", match.end())

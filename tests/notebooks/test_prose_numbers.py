@@ -61,12 +61,12 @@ FACTS = {
         "30": "gloo's default timeout, 30 minutes (torch/distributed/constants.py, "
               "default_pg_timeout)",
     },
-    "08_beyond_data_parallel": {
+    "09_beyond_data_parallel": {
         "1.5": "ZeRO-3 moves 1.5 times DDP's communication volume (ZeRO, section 7.2)",
     },
-    "10_capstone": {
+    "11_capstone": {
         "1024": "the largest world size the step-time exercise's checker tries "
-                "(ddp_teach/exercises/nb10_capstone.py, CASES; test_the_checkable_facts_hold)",
+                "(ddp_teach/exercises/nb11_capstone.py, CASES; test_the_checkable_facts_hold)",
     },
     "A3_trusting_the_simulator": {
         "70": "the T4's maximum power, 70 W (NVIDIA T4 Tensor Core GPU datasheet)",
@@ -95,7 +95,7 @@ def test_the_tables_name_only_notebooks_that_exist():
 
 def test_the_checkable_facts_hold():
     """The FACTS that the pinned torch or the course can confirm."""
-    from ddp_teach.exercises.nb10_capstone import CASES  # notebook 10: "1 to 1024 GPUs"
+    from ddp_teach.exercises.nb11_capstone import CASES  # notebook 11: "1 to 1024 GPUs"
     assert max(world_size for _, _, world_size, _ in CASES) == 1024
     from torch.distributed.constants import default_pg_timeout
     assert default_pg_timeout == datetime.timedelta(minutes=30)
@@ -125,6 +125,10 @@ def test_numbers_the_code_holds_are_not_flagged():
                  "20 ms, a gap below 1e-4", code) == []
 
 
+def test_a_table_cell_of_notebooks_is_no_claim_but_other_cells_are():
+    assert flags("| `11_capstone` | 12 layers | 1 h | 04, 11 |") == ["12"]
+
+
 def test_format_widths_in_f_strings_are_not_values():
     assert flags("it took 12 ms", 'print(f"{seconds * 1e3:>12.3f}")') == ["12"]
 
@@ -137,6 +141,7 @@ def test_format_widths_in_f_strings_are_not_values():
     "fp32, H100, ZeRO-3 and GPT-2 on AVX-512", "2 ranks", "PCIe 4 x16",
     "IEEE 754", "at step 25", "Study time: about 2.5 hours, with the exercises.",
     "**Study time:** about 3 hours", "## Further reading\n\n- VLDB 13, 2020, pp. 3005",
+    "| `A3_x` | the map | 1 h | 11 |", "| `10_y` | bugs | 04, 11 |",
 ])
 def test_what_is_no_claim_is_left_out(prose):
     known = prose_numbers.code_values([""])

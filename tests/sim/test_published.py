@@ -37,7 +37,7 @@ def test_every_row_out_of_tolerance_says_why():
 
 
 def test_the_validation_rows_stay_as_close_as_the_course_says():
-    # notebook 10 asserts the same bounds on the table it shows
+    # notebook 11 asserts the same bounds on the table it shows
     checked = [ratio for m, _, ratio in ROWS if m.role == "validate"]
     inside = sum(LOW <= r <= HIGH for r in checked)
     assert len(checked) >= 20

@@ -1,6 +1,6 @@
-"""Checker for notebook 09's replica tool `differing_tensors` (which
+"""Checker for notebook 11's replica tool `differing_tensors` (which
 parameters and buffers differ between ranks; `nonfinite_ranks` is checked
-in nb09_nonfinite.py).
+in nb10_nonfinite.py).
 
 What the reference (in ddp_teach/debugging.py) guarantees, each property
 checked on real ranks with the hint that names the mistake breaking it:

@@ -1,4 +1,4 @@
-"""Checker for notebook 09's diagnosis exercise: `diagnose(run, alone)`
+"""Checker for notebook 11's diagnosis exercise: `diagnose(run, alone)`
 names why a DDP run is slower than it should be, from its timeline and a
 one-GPU timeline of the same model (reference: ddp_teach/diagnosis.py).
 

@@ -1,4 +1,4 @@
-"""Notebook 08's planted mistakes for the parameter server's update rule
+"""Notebook 10's planted mistakes for the parameter server's update rule
 (PLANTED, run by test_registry.py, which also checks every reference and
 stub): each must get the hint that fits. The last three are the second
 attempt's mistakes: the accumulator rebound instead of added to, a step

@@ -1,21 +1,21 @@
-"""Notebook 09's diagnosis exercise: the reference names every case, rules
+"""Notebook 11's diagnosis exercise: the reference names every case, rules
 written another way that name them all are accepted, and planted wrong
 rules (PLANTED, run by test_registry.py) get the hint of the cause they miss."""
 import statistics
 
 from ddp_teach.diagnosis import CAUSES, bus_bandwidth, diagnose, step_report
-from ddp_teach.exercises import nb09_diagnosis
+from ddp_teach.exercises import nb10_diagnosis
 
 
 def test_every_cause_has_cases_on_two_to_five_ranks_and_each_is_named_right():
-    cases = nb09_diagnosis.cases()
+    cases = nb10_diagnosis.cases()
     assert {c["cause"] for c in cases} == set(CAUSES)
     assert {c["ranks"] for c in cases} <= {2, 3, 4, 5}
     assert all(diagnose(c["run"], c["alone"]) == c["cause"] for c in cases)
 
 
 def test_every_slow_cause_makes_the_step_longer_than_one_gpus():
-    for case in nb09_diagnosis.cases():
+    for case in nb10_diagnosis.cases():
         report = step_report(case["run"], case["alone"])
         if case["cause"] == "healthy":
             assert report["vs_one"] < 1.1, case

@@ -1,6 +1,6 @@
-"""Checkers for notebook 09's exercises on metrics and checkpoints
+"""Checkers for notebook 11's exercises on metrics and checkpoints
 (`dataset_mean`, `strip_ddp_prefix`; the replica tools `differing_tensors`
-and `nonfinite_ranks` are in nb09_replicas.py).
+and `nonfinite_ranks` are in nb10_replicas.py).
 
 What each reference (in ddp_teach/debugging.py) guarantees, each property
 checked with the hint that names the mistake breaking it:

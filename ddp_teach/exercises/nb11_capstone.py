@@ -1,4 +1,4 @@
-"""Checker for notebook 10's exercise: the step time of DDP on N GPUs,
+"""Checker for notebook 11's exercise: the step time of DDP on N GPUs,
 predicted with the alpha-beta model before the simulator gives it.
 
 `step_time`: the learner's `my_step_time(compute_s, nbytes, world_size,

@@ -1,5 +1,5 @@
-"""Checker for notebook 08's parameter-server exercise (the column-parallel
-layer is checked in nb08_tensor_parallel.py).
+"""Checker for notebook 10's parameter-server exercise (the column-parallel
+layer is checked in nb09_tensor_parallel.py).
 
 `my_server_update(server, grads)`: the synchronous update rule of a
 parameter server (Li et al., OSDI 2014). What the reference,

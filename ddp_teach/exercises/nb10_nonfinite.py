@@ -1,5 +1,5 @@
-"""Checker for notebook 09's `nonfinite_ranks(loss)`: on which ranks a
-loss is NaN or inf (`differing_tensors` is checked in nb09_replicas.py).
+"""Checker for notebook 11's `nonfinite_ranks(loss)`: on which ranks a
+loss is NaN or inf (`differing_tensors` is checked in nb10_replicas.py).
 
 What the reference (ddp_teach.debugging.nonfinite_ranks) guarantees, each
 checked on 1, 2, 3 and 5 ranks, small to large, with NaN, inf, -inf and

@@ -1,4 +1,4 @@
-"""Checker for notebook 08's tensor-parallel exercise, on real ranks.
+"""Checker for notebook 10's tensor-parallel exercise, on real ranks.
 
 `my_column_parallel_forward(x, weight_shard, bias_shard)`: a linear layer
 whose weight is split by rows (output features) over the ranks (Shoeybi et

@@ -1,4 +1,4 @@
-"""Notebook 09's metric and checkpoint exercises: planted mistakes (PLANTED,
+"""Notebook 11's metric and checkpoint exercises: planted mistakes (PLANTED,
 run by test_registry.py, which also checks every reference and stub), each
 of which must get the hint that names it. The first group of each exercise
 breaks one property each of those the checker's docstring lists; the second

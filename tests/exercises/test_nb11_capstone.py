@@ -1,4 +1,4 @@
-"""Notebook 10's planted mistakes (PLANTED, run by test_registry.py, which
+"""Notebook 11's planted mistakes (PLANTED, run by test_registry.py, which
 also checks the reference and the stub): each must get the hint that fits.
 The likely mistakes are planted once each; the last ones break a property
 in a way no listed mistake does, so the checker's probes must name the
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ddp_teach as dt
-from ddp_teach.exercises import nb10_capstone, reference_solution
+from ddp_teach.exercises import nb11_capstone, reference_solution
 from ddp_teach.sim.hardware import LINKS
 
 
@@ -198,14 +198,14 @@ PLANTED = [
                                                    "126 messages")),
     ("step_time", bytes_off_by_half, "the bytes: 2.5e+07 bytes on 64 GPUs"),
     ("step_time", wrong_for_large_rings, "look for a branch"),
-    ("step_time", fails_off_the_cases, nb10_capstone.FORMULA),
+    ("step_time", fails_off_the_cases, nb11_capstone.FORMULA),
     ("step_time", bytes_hidden_behind_the_compute,
      ("lets the compute overlap the all-reduce", "PLUS")),
 ]
 
 
 def answers_of(step_time):
-    return [step_time(c, b, n, LINKS[name]) for c, b, n, name in nb10_capstone.CASES]
+    return [step_time(c, b, n, LINKS[name]) for c, b, n, name in nb11_capstone.CASES]
 
 
 def test_each_listed_mistake_is_told_apart_from_the_others_and_the_reference():
@@ -214,7 +214,7 @@ def test_each_listed_mistake_is_told_apart_from_the_others_and_the_reference():
     the cases, or a hint would name the wrong one."""
     reference = answers_of(reference_solution("step_time"))
     seen = [reference]
-    for hint, mistake in nb10_capstone.MISTAKES:
+    for hint, mistake in nb11_capstone.MISTAKES:
         answers = answers_of(mistake)
         for other in seen:
             assert not all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-15)
@@ -232,11 +232,11 @@ def test_any_real_number_type_is_accepted(kind, verdict):
 def test_the_checked_links_charge_no_reduction_so_the_exercise_text_holds():
     """The exercise names link.alpha and link.beta only: the reference's
     gamma term (seconds per byte reduced) must be 0 on the checked links."""
-    assert all(LINKS[name].gamma == 0 for name in nb10_capstone.CHECKED_LINKS)
+    assert all(LINKS[name].gamma == 0 for name in nb11_capstone.CHECKED_LINKS)
 
 
 def test_the_reference_is_the_ring_charge_the_simulator_makes():
-    """The 64-GPU row of notebook 10: 126 messages on InfiniBand NDR and the
+    """The 64-GPU row of notebook 11: 126 messages on InfiniBand NDR and the
     bytes of the gradients, after the compute; one GPU: the compute alone."""
     step_time = reference_solution("step_time")
     link = dt.sim.LINKS["InfiniBand NDR"]
