@@ -13,9 +13,10 @@ records no sizes.
 The size recorded is the whole buffer, as the Megatron papers count it:
 the tensor all-reduced, the tensor an all-gather assembles, the tensor a
 reduce-scatter splits. A ring moves 2(p-1)/p of that per rank for an
-all-reduce and (p-1)/p for the other two, which is why sequence parallelism's all-gather plus reduce-scatter costs what
-tensor parallelism's one all-reduce does (Korthikanti et al., "Reducing
-Activation Recomputation in Large Transformer Models", 2022, section 4.2.2).
+all-reduce and (p-1)/p for the other two, which is why sequence
+parallelism's all-gather plus reduce-scatter costs what tensor
+parallelism's one all-reduce does (Korthikanti et al., "Reducing
+Activation Recomputation in Large Transformer Models", 2022).
 """
 from dataclasses import dataclass
 

@@ -9,8 +9,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from ddp_teach.exercises.nb09_ring_attention import (CASES, _mistakes,
-                                                     expected_attention)
+from ddp_teach.exercises.nb09_ring_attention_cases import (CASES, expected_attention,
+                                                           make_inputs, mistakes)
 
 
 def _ring_steps(k, v, send_to, receive_from, wait=True):
@@ -108,7 +108,8 @@ def averages_the_chunks(q, k, v):
 
 def gathers_everything(q, k, v):
     p = dist.get_world_size()
-    ks, vs = [torch.empty_like(k) for _ in range(p)], [torch.empty_like(v) for _ in range(p)]
+    ks = [torch.empty_like(k) for _ in range(p)]
+    vs = [torch.empty_like(v) for _ in range(p)]
     dist.all_gather(ks, k.contiguous())
     dist.all_gather(vs, v.contiguous())
     return _online(q, [(torch.cat(ks, 2), torch.cat(vs, 2))])
@@ -164,12 +165,11 @@ def test_ring_attention_in_other_styles_passes(verdict):
 
 
 def test_the_expected_value_is_torchs_attention_and_the_mistakes_differ_from_it():
-    """The checker's own yardstick: softmax(q k^T / sqrt(d)) v written out,
-    and every modelled mistake far from it (else its hint could never fire
-    on a right answer... or would fire on one)."""
+    """The checker's yardstick is softmax(q k^T / sqrt(d)) v written out,
+    and every modelled mistake is far from it, so that no hint can fire on
+    a right answer."""
     case = CASES[0]
     for world_size in (1, 3):
-        from ddp_teach.exercises.nb09_ring_attention import make_inputs
         for rank in range(world_size):
             (q, _, _), (_, k, v) = make_inputs(rank, world_size, case)
             q, k, v = q.double(), k.double(), v.double()
@@ -177,7 +177,7 @@ def test_the_expected_value_is_torchs_attention_and_the_mistakes_differ_from_it(
                                     -1) @ v
             want = expected_attention(rank, world_size, case)
             assert torch.allclose(want, by_hand, atol=1e-12)
-            for wrong, _ in _mistakes(rank, world_size, case)[world_size == 1:]:
+            for wrong, _ in mistakes(rank, world_size, case)[world_size == 1:]:
                 assert (wrong - want).abs().max() > 1e-3
 
 
