@@ -75,6 +75,9 @@ PUBLIC_NAMES = [
     ("pipeline.pipeline_bytes", "function"),
     ("tensor_parallel.ParallelMLP", "class"),
     ("tensor_parallel.megatron_mlp_bytes", "function"),
+    ("dtensor_traffic.CollectiveCounter", "class"),
+    ("dtensor_traffic.tensor_parallel_block_bytes", "function"),
+    ("dtensor_traffic.sequence_parallel_block_bytes", "function"),
     ("debugging.ReplicaWatch", "class"),
     ("debugging.compare_replicas", "function"),
     ("debugging.nonfinite_ranks", "function"),
@@ -183,7 +186,7 @@ def test_every_submodule_imports_first_in_a_fresh_interpreter():
 # simulator can be read, tested and calibrated without the course.
 LESSON_MODULES = (
     "ddp", "dp", "zero", "fsdp", "collectives", "paramserver", "pipeline",
-    "tensor_parallel", "checkpoint", "scripts", "slurm", "syncbn", "sampler", "amp",
+    "tensor_parallel", "dtensor_traffic", "checkpoint", "scripts", "slurm", "syncbn", "sampler", "amp",
     "precision", "memory", "flat", "models", "widgets", "diagrams", "launcher",
     "exercises")
 # What the lessons and the simulator both build on: leaves, importing no

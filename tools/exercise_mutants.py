@@ -25,7 +25,7 @@ RANK_BASED = ("fix_hang", "ring_allreduce", "all_gather_p2p", "ddp_finish",
               "compression_hook", "sharded_clip", "zero1_step",
               "zero3_gather_forward", "checkpoint_save", "torchrun_script",
               "param_server_update", "column_parallel_linear", "dataset_mean",
-              "differing_tensors", "nonfinite_ranks")
+              "differing_tensors", "nonfinite_ranks", "ring_attention")
 
 
 def time_reference(name: str) -> str:
