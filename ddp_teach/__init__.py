@@ -23,8 +23,8 @@ from ddp_teach import memory, flat, zero, fsdp               # 06 sharding
 from ddp_teach import scripts, slurm, checkpoint             # 07 at scale
 from ddp_teach import paramserver, pipeline, tensor_parallel  # 09 beyond DP
 from ddp_teach import dtensor_traffic                         # 09 beyond DP
-from ddp_teach import debugging, diagnosis                   # 09 bugs
-from ddp_teach import lm                                     # 10 capstone
+from ddp_teach import debugging, diagnosis                   # 10 bugs
+from ddp_teach import lm                                     # 11 capstone
 from ddp_teach import models, system, widgets                # used throughout
 # The tooling: running on ranks, timelines, checked exercises.
 from ddp_teach import exercises, launcher, sim, tracing
