@@ -28,9 +28,12 @@ DataParallel (`ddp_teach.dp`), whose threads share Python's GIL.
 How far to trust it: `published` sets the simulator beside published
 measurements of real GPUs (each row a `measurement.Measurement`, held to
 `measurement.LOW`-`HIGH`), with the kernel benchmarks' figures from
-`benchmark_figures`; `gpu_surveys` holds its rows for the GPUs learners
-have (T4, RTX 4090) and for fp32 products. These four are the evidence and
-the modules that exist to compare with it: `import ddp_teach` does not load
+`benchmark_figures`; `gpu_surveys` simulates the surveys of the GPUs
+learners have (T4, RTX 4090) and of fp32 products. The measurements
+themselves are data files in `evidence/` (TOML, with a manifest), read by
+`evidence.loader`; the calibrated constants (`calibrated`, plain numbers)
+name the rows they were solved from. These five are the evidence and the
+modules that exist to compare with it: `import ddp_teach` does not load
 them (the model must not depend on what it is checked against, and a
 learner's import should not build every published row); `dt.sim.published` and
 the others load on first use, through `__getattr__` below (PEP 562).
@@ -45,10 +48,11 @@ from ddp_teach.sim.simulation import Simulation
 
 __all__ = ["Simulation", "Device", "DEVICES", "LINKS", "device", "link", "predict",
            "one_rank", "SimulatedGPUs", "Cluster", "CLUSTERS", "cluster", "Achieved",
-           "nccl", "published", "measurement", "benchmark_figures", "gpu_surveys"]
+           "nccl", "published", "measurement", "benchmark_figures", "gpu_surveys",
+           "evidence"]
 
 # Loaded on first use, not at import (see the docstring).
-EVIDENCE = ("benchmark_figures", "gpu_surveys", "measurement", "published")
+EVIDENCE = ("benchmark_figures", "evidence", "gpu_surveys", "measurement", "published")
 
 
 def __getattr__(name: str):
@@ -59,6 +63,8 @@ def __getattr__(name: str):
     import published` here would recurse, since it asks this function first."""
     if name == "benchmark_figures":
         import ddp_teach.sim.benchmark_figures as module
+    elif name == "evidence":
+        import ddp_teach.sim.evidence as module
     elif name == "gpu_surveys":
         import ddp_teach.sim.gpu_surveys as module
     elif name == "measurement":

@@ -46,6 +46,11 @@ def stream_tbps(device, arrays, elements=2 ** 28, element_bytes=8):
                                             burst=True) / 1e12
 
 
+def host_us_per_op(device):
+    """Microseconds of host time the simulator charges to issue one eager op."""
+    return DEVICES[device].achieved.host_s_per_op * 1e6
+
+
 def attention_tflops(device, batch, heads, length, head_dim, forward_only=False,
                      kernel="flash", dtype="bfloat16", causal=False):
     """TFLOP/s of fused attention (forward, or forward and backward), 16-bit,

@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 
 from ddp_teach.cost import Link
-from ddp_teach.sim.calibrated import ACHIEVED
+from ddp_teach.sim.calibrated import KERNEL_FRACTIONS
 from ddp_teach.sim.efficiency import Achieved
 
 TFLOPS, GBPS = 1e12, 1e9
@@ -84,24 +84,24 @@ DEVICES = {
                                      "bfloat16": 989.4 * TFLOPS,
                                      "float16": 989.4 * TFLOPS},
                        memory_bandwidth=3350 * GBPS, memory_bytes=80e9,
-                       achieved=ACHIEVED["H100 SXM"]),
+                       achieved=Achieved(**KERNEL_FRACTIONS["H100 SXM"])),
     "A100 80GB": Device("A100 80GB", {"float32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
                                        "bfloat16": 312 * TFLOPS,
                                        "float16": 312 * TFLOPS},
                         memory_bandwidth=2039 * GBPS, memory_bytes=80e9,
-                        achieved=ACHIEVED["A100 80GB"]),
+                        achieved=Achieved(**KERNEL_FRACTIONS["A100 80GB"])),
     "RTX 4090": Device("RTX 4090", {"float32": 82.6 * TFLOPS, "tf32": 82.6 * TFLOPS,
                                      "bfloat16": 165.2 * TFLOPS,
                                      "float16": 165.2 * TFLOPS},
                        memory_bandwidth=1008 * GBPS, memory_bytes=24e9,
-                       achieved=ACHIEVED["RTX 4090"]),
+                       achieved=Achieved(**KERNEL_FRACTIONS["RTX 4090"])),
     "V100 SXM2": Device("V100 SXM2", {"float32": 15.7 * TFLOPS,
                                        "float16": 125 * TFLOPS},
                         memory_bandwidth=900 * GBPS, memory_bytes=32e9,
-                        achieved=ACHIEVED["V100 SXM2"]),
+                        achieved=Achieved(**KERNEL_FRACTIONS["V100 SXM2"])),
     "T4": Device("T4", {"float32": 8.1 * TFLOPS, "float16": 65 * TFLOPS},
                  memory_bandwidth=320 * GBPS, memory_bytes=16e9,
-                 achieved=ACHIEVED["T4"]),
+                 achieved=Achieved(**KERNEL_FRACTIONS["T4"])),
 }
 
 LINKS = {

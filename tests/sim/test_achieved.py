@@ -11,7 +11,8 @@ from torch import nn
 
 import ddp_teach as dt
 from ddp_teach.sim import DEVICES, Achieved, Simulation, one_rank
-from ddp_teach.sim.efficiency import EMULATED, matmul_seconds, overlapped_end, rate_seconds
+from ddp_teach.sim.calibrated import EMULATED
+from ddp_teach.sim.efficiency import matmul_seconds, overlapped_end, rate_seconds
 
 H100 = DEVICES["H100 SXM"]
 A100 = DEVICES["A100 80GB"]
@@ -182,7 +183,9 @@ def test_streaming_kernels_reach_the_measured_bandwidth_and_no_kernel_is_free():
     a = H100.achieved
     nbytes = 3 * 2 ** 31
     seconds = rate_seconds(H100, a, "memory", 0, nbytes, burst=True)
-    assert nbytes / (seconds - a.kernel_s) == pytest.approx(2.97e12)
+    # the measured 2.97 TB/s (STREAM triad), to the rounding of its fraction,
+    # which calibrated.py writes with four figures (half a unit of 0.8866)
+    assert nbytes / (seconds - a.kernel_s) == pytest.approx(2.97e12, rel=0.5e-4 / a.memory)
     assert rate_seconds(H100, a, "memory", 0, 8, burst=True) == pytest.approx(
         a.kernel_s, rel=1e-3)
 
