@@ -41,7 +41,7 @@ the others load on first use, through `__getattr__` below (PEP 562).
 from ddp_teach.sim import nccl, predict
 from ddp_teach.sim.cluster import CLUSTERS, Cluster, cluster
 from ddp_teach.sim.efficiency import Achieved
-from ddp_teach.sim.gpus import SimulatedGPUs
+from ddp_teach.sim.dataparallel_gpus import SimulatedGPUs
 from ddp_teach.sim.hardware import DEVICES, LINKS, Device, device, link
 from ddp_teach.sim.one_rank import one_rank
 from ddp_teach.sim.simulation import Simulation
