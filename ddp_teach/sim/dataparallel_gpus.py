@@ -283,7 +283,7 @@ class SimulatedGPUs:
             self._streams[target] = max(self._streams[target], end)
             name = f"{label} {source}\u2192{target}"
             for d in (source, target):
-                self._add_copy(Event(d, name, COMM, start, end, nbytes))
+                self._add_copy(Event(d, name, COMM, start, end, nbytes, op="copy"))
         self._tags[copy] = target
         with self._turns:
             self._turns.notify_all()

@@ -191,8 +191,8 @@ def zero3(profile, world_size: int, link, prefetch: bool = False) -> float:
             clock += event.duration
             in_backward = in_backward or event.name == "backward"
             continue
-        unit, op = event.name.removeprefix("unit ").rsplit(" ", 1)
-        if op == "reduce-scatter":
+        unit = event.name  # a unit's gathers share its label ("unit 0 all-gather")
+        if event.op == "reduce_scatter":
             clock = on_link("reduce_scatter", event.nbytes)
         elif not in_backward:
             nbytes[unit] = event.nbytes  # forward: the order of the units
