@@ -1,5 +1,5 @@
 """The published measurements `sim_vs_published.py` sets the simulator
-against: the collectives and kernels of `ddp_teach.sim.published` (which
+against: the collectives and kernels of `ddp_teach.sim.evidence.published` (which
 appendix A3 shows the learner), and the training runs of
 `ddp_teach/sim/evidence/training.toml` (each with its exact configuration,
 its source, whether a constant of the simulator was solved from it
@@ -10,8 +10,8 @@ functions each row names (`published_runs`, on the models of
 import torch
 
 from ddp_teach.sim.evidence import loader
-from ddp_teach.sim.published import MEASUREMENTS
-from ddp_teach.sim.simulation import Simulation
+from ddp_teach.sim.evidence.published import MEASUREMENTS
+from ddp_teach.sim.model.simulation import Simulation
 
 import published_runs as runs
 from capstone_step import simulated_capstone

@@ -190,9 +190,9 @@ LESSON_MODULES = (
 # module of ddp_teach.
 SHARED_MODULES = ("cost", "buckets")
 # The modules that hold the simulator's evidence, or exist to compare it with
-# the evidence: loaded when first asked for, never by `import ddp_teach`.
-EVIDENCE_MODULES = ("published", "benchmark_figures", "gpu_surveys", "measurement",
-                    "evidence")
+# the evidence (ddp_teach/sim/evidence/): loaded when first asked for, never by
+# `import ddp_teach`; dt.sim gives them by these names.
+EVIDENCE_MODULES = ("published", "benchmark_figures", "gpu_surveys", "measurement")
 
 
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
@@ -205,7 +205,7 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     An edge is an import that NAMES a module: `import a.b`, `from a.b import
     c` (a.b; or a.b.c when that is a module), `from . import c`. Python also
     runs every parent package's __init__ before a submodule (importing
-    ddp_teach.sim.simulation runs ddp_teach/__init__ and ddp_teach/sim/
+    ddp_teach.sim.model.simulation runs ddp_teach/__init__ and ddp_teach/sim/
     __init__ first); those implied imports are not edges. If they were,
     every module would import ddp_teach, which imports every lesson, and
     everything would be one cycle. So this, and only this, is allowed: a
@@ -214,7 +214,7 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     P's __init__ loads P.x whole, and the request then finds it loaded. It
     loops only when P.x needs a name that P's __init__ has not defined yet,
     and for that P.x must name P (`from ddp_teach.sim import Simulation`
-    inside ddp_teach.sim.predict): an edge back, which counts, and a cycle."""
+    inside ddp_teach.sim.schedules.predict): an edge back, which counts, and a cycle."""
     modules = {".".join(p.relative_to(root).with_suffix("").parts)
                .removesuffix(".__init__"): p for p in (root / package).rglob("*.py")}
     graph = {name: set() for name in modules}
@@ -335,17 +335,18 @@ def test_import_ddp_teach_loads_no_evidence():
     """The published measurements (the evidence files, their loader, and
     the modules that compare the simulator with them) load when a notebook
     first asks for them."""
-    evidence = tuple(f"ddp_teach.sim.{name}" for name in EVIDENCE_MODULES)
     done = subprocess.run(
         [sys.executable, "-c", "import ddp_teach, sys; "
-         f"print([m for m in sys.modules if m.startswith({evidence!r})])"],
+         "print([m for m in sys.modules if m.startswith('ddp_teach.sim.evidence')])"],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", f"import ddp_teach loaded {done.stdout}"
     # ... and they are still there when asked for
-    for name in EVIDENCE_MODULES:
+    for name in EVIDENCE_MODULES + ("evidence",):
         assert name in dir(dt.sim)
-        assert getattr(dt.sim, name).__name__ == f"ddp_teach.sim.{name}"
+    for name in EVIDENCE_MODULES:
+        assert getattr(dt.sim, name).__name__ == f"ddp_teach.sim.evidence.{name}"
+    assert dt.sim.evidence.__name__ == "ddp_teach.sim.evidence"
 
 
 # the course authors' notes beside the repository, which a learner's clone

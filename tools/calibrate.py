@@ -1,6 +1,6 @@
 """Re-solve every calibrated constant of the simulator from its evidence rows.
 
-Each constant of `ddp_teach.sim.calibrated` that was solved from a published
+Each constant of `ddp_teach.sim.model.calibrated` that was solved from a published
 measurement is listed in `CONSTANTS`, with the rows it was solved from as
 `calibrated.SOLVED_FROM` names them (the "calibrate" rows of
 `ddp_teach/sim/evidence/*.toml`, by id). Each is solved again: the
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ is not a pack
 
 from calibration_solver import (BY_ID, ROWS, Constant, calibration_ratios,  # noqa: E402
                                 ratio, solve, solve_together, with_value)
-from ddp_teach.sim import calibrated, hardware  # noqa: E402
+from ddp_teach.sim.model import calibrated, hardware  # noqa: E402
 
 H100, A100 = "H100 SXM", "A100 80GB"
 ROWS_OF = calibrated.SOLVED_FROM

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/ is not a package
 sys.path.insert(0, str(ROOT))
 
 from published_rows import ROWS  # noqa: E402
-from ddp_teach.sim import calibrated, hardware  # noqa: E402
+from ddp_teach.sim.model import calibrated, hardware  # noqa: E402
 
 BY_ID = {row.id: row for row in ROWS}
 
@@ -23,7 +23,7 @@ BY_ID = {row.id: row for row in ROWS}
 @dataclass(frozen=True)
 class Constant:
     """One calibrated constant: where it lives (`device` and `field` of a
-    preset's `Achieved`, or None and a name of `ddp_teach.sim.calibrated`,
+    preset's `Achieved`, or None and a name of `ddp_teach.sim.model.calibrated`,
     "LINK_FRACTIONS:<kind>" for one of its link fractions), its stored
     value, the significant figures it is written with, the ids of the rows
     it was solved from, and the interval its root lies in."""

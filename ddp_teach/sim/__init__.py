@@ -19,6 +19,14 @@ collectives as NCCL runs them (`cluster`, `nccl`, `comm`), kernels as fast
 as real ones, not as the datasheet (`efficiency`, with the fractions of
 `calibrated`), and a host that issues each operation.
 
+The modules sit in four subpackages, which import one way (evidence ->
+schedules -> runtime -> model, none of them a lesson of the course):
+`model` (devices, links, clusters, NCCL's model, efficiency, the
+calibrated numbers, Simulation), `runtime` (the recorder, charges,
+attention, works, one_rank, SimulatedGPUs), `schedules` (predict and the
+pipeline and FSDP2 schedules) and `evidence` (the data and what compares
+the simulator with it). The names below are the public ones.
+
 The same program gives the same virtual times on any machine, under any
 load. `predict` gives the textbook cases from the same numbers, and
 `one_rank` runs one rank of thousands in this process, on the meta device.
@@ -38,13 +46,14 @@ them (the model must not depend on what it is checked against, and a
 learner's import should not build every published row); `dt.sim.published` and
 the others load on first use, through `__getattr__` below (PEP 562).
 """
-from ddp_teach.sim import nccl, predict
-from ddp_teach.sim.cluster import CLUSTERS, Cluster, cluster
-from ddp_teach.sim.efficiency import Achieved
-from ddp_teach.sim.dataparallel_gpus import SimulatedGPUs
-from ddp_teach.sim.hardware import DEVICES, LINKS, Device, device, link
-from ddp_teach.sim.one_rank import one_rank
-from ddp_teach.sim.simulation import Simulation
+from ddp_teach.sim.model import nccl
+from ddp_teach.sim.model.cluster import CLUSTERS, Cluster, cluster
+from ddp_teach.sim.model.efficiency import Achieved
+from ddp_teach.sim.model.hardware import DEVICES, LINKS, Device, device, link
+from ddp_teach.sim.model.simulation import Simulation
+from ddp_teach.sim.runtime.dataparallel_gpus import SimulatedGPUs
+from ddp_teach.sim.runtime.one_rank import one_rank
+from ddp_teach.sim.schedules import predict
 
 __all__ = ["Simulation", "Device", "DEVICES", "LINKS", "device", "link", "predict",
            "one_rank", "SimulatedGPUs", "Cluster", "CLUSTERS", "cluster", "Achieved",
@@ -62,15 +71,15 @@ def __getattr__(name: str):
     tests/test_package.py's import graph) see them; `from ddp_teach.sim
     import published` here would recurse, since it asks this function first."""
     if name == "benchmark_figures":
-        import ddp_teach.sim.benchmark_figures as module
+        import ddp_teach.sim.evidence.benchmark_figures as module
     elif name == "evidence":
         import ddp_teach.sim.evidence as module
     elif name == "gpu_surveys":
-        import ddp_teach.sim.gpu_surveys as module
+        import ddp_teach.sim.evidence.gpu_surveys as module
     elif name == "measurement":
-        import ddp_teach.sim.measurement as module
+        import ddp_teach.sim.evidence.measurement as module
     elif name == "published":
-        import ddp_teach.sim.published as module
+        import ddp_teach.sim.evidence.published as module
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return module

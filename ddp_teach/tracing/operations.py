@@ -1,7 +1,7 @@
 """What a recorded torch.distributed call is, and how many bytes it counts.
 
 Both recorders, the traced run's (`ddp_teach.tracing.recorder`) and the
-simulated run's (`ddp_teach.sim.runtime`), give a COMM event these two
+simulated run's (`ddp_teach.sim.runtime.recorder`), give a COMM event these two
 fields from here, so that an event means the same in both:
 
 - `op`: the operation, whatever the event's name says (a label such as

@@ -237,7 +237,7 @@ def install(recorder: Recorder) -> Recorder:
 def recording(recorder: Recorder):
     """`install(recorder)` for the length of a with-block, then put
     torch.distributed and DDP back as they were: for a simulation that runs
-    in this process (`ddp_teach.sim.one_rank`) rather than in a worker."""
+    in this process (`ddp_teach.sim.runtime.one_rank`) rather than in a worker."""
     global _recorder
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d

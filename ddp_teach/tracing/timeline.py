@@ -73,7 +73,7 @@ class Timeline:
         """clock: None for real time, else what the times simulate (e.g.
         "simulated A100 80GB + NVLink 4"), which every plot then says.
         lane: what an event's `rank` number names in tables and plots:
-        "rank" (a process), or "device" (ddp_teach.sim.dataparallel_gpus, where one
+        "rank" (a process), or "device" (ddp_teach.sim.runtime.dataparallel_gpus, where one
         process drives several GPUs)."""
         self.clock = clock
         self.lane = lane

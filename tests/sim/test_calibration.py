@@ -71,9 +71,9 @@ def test_a_constant_moved_off_its_rows_is_reported(calibrate):
 
 
 def test_the_simulator_is_put_back_after_a_solve(calibrate, result):
-    from ddp_teach.sim import calibrated
-    from ddp_teach.sim.efficiency import Achieved
-    from ddp_teach.sim.hardware import DEVICES
+    from ddp_teach.sim.model import calibrated
+    from ddp_teach.sim.model.efficiency import Achieved
+    from ddp_teach.sim.model.hardware import DEVICES
     assert all(DEVICES[name].achieved == Achieved(**calibrated.KERNEL_FRACTIONS[name])
                for name in DEVICES)
     stored = {c.name: c.stored for c in calibrate.CONSTANTS}
@@ -85,7 +85,7 @@ def test_the_simulator_is_put_back_after_a_solve(calibrate, result):
 def test_the_fractions_the_table_calls_copied_are_copies():
     # calibrated.COPIED_FROM (and calibrate.py's NOT_FROM_ROWS) say these were
     # taken from another preset's, not solved
-    from ddp_teach.sim.calibrated import COPIED_FROM, KERNEL_FRACTIONS, SOLVED_FROM
+    from ddp_teach.sim.model.calibrated import COPIED_FROM, KERNEL_FRACTIONS, SOLVED_FROM
     assert set(COPIED_FROM) == {"H100 SXM", "V100 SXM2", "T4", "RTX 4090"}
     for gpu, (origin, fields) in COPIED_FROM.items():
         for field in fields + ("kernel_s",):

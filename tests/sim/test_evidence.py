@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_teach.sim import calibrated
+from ddp_teach.sim.model import calibrated
 from ddp_teach.sim.evidence import loader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_the_calibrated_constants_name_calibrate_rows_and_every_calibrate_row_is
 
 
 def test_the_capstone_step_is_the_row_it_comes_from():
-    from ddp_teach.sim import published
+    from ddp_teach.sim.evidence import published
     row = loader.by_id()["capstone-ddp-step-width-64-1-h100-ours"]
     assert published.CAPSTONE_STEP_H100["step"] == pytest.approx(row.figure * 1e-3)
     assert set(published.CAPSTONE_STEP_H100) == {"step", "forward", "backward", "optimizer"}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Callable
 
-from ddp_teach.sim.measurement import Measurement
+from ddp_teach.sim.evidence.measurement import Measurement
 
 GROUPS = ("collective", "kernel", "training", "inference")
 ROLES = ("calibrate", "validate")

@@ -20,7 +20,7 @@ course's FSDP under those rules:
 - collectives queue on one channel in issue order, and compute that runs
   beside one is slowed by the device's `overlap_slowdown` (achieved compute).
 """
-from ddp_teach.sim.efficiency import overlapped_end
+from ddp_teach.sim.model.efficiency import overlapped_end
 from ddp_teach.tracing.events import COMPUTE
 
 

@@ -5,22 +5,22 @@ figure someone measured on real hardware and published (nccl-tests runs
 by NCCL's maintainers and by cloud providers, matrix-product, memory and
 attention benchmarks), with its configuration and source, and the
 simulator's figure for the same configuration: collectives on a cluster
-preset as NCCL would run them (`ddp_teach.sim.comm`), kernels at their
-achieved rates (`ddp_teach.sim.efficiency`). `table()` sets the two side
+preset as NCCL would run them (`ddp_teach.sim.model.comm`), kernels at their
+achieved rates (`ddp_teach.sim.model.efficiency`). `table()` sets the two side
 by side.
 
 The rows are data: `ddp_teach/sim/evidence/collectives.toml`,
 `kernels.toml` and `gpu_surveys.toml` (the surveys GPU owners ran on the
-GPUs learners have, simulated by `ddp_teach.sim.gpu_surveys`), read by
+GPUs learners have, simulated by `ddp_teach.sim.evidence.gpu_surveys`), read by
 `evidence.loader` and simulated by the functions of `benchmark_figures`
 that each row names. Each row is "calibrate" (a constant of
-`ddp_teach.sim.calibrated` was solved from it, which names it by id) or
-"validate" (no constant saw it), as `ddp_teach.sim.measurement` explains,
+`ddp_teach.sim.model.calibrated` was solved from it, which names it by id) or
+"validate" (no constant saw it), as `ddp_teach.sim.evidence.measurement` explains,
 which also holds the tolerance every row is held to. Training runs
 (ResNet-50, BERT, MPT, Llama) are `evidence/training.toml`, simulated by
 the repository's `benchmarks/published_rows.py`, which adds them to these.
 """
-from ddp_teach.sim import benchmark_figures, gpu_surveys, measurement
+from ddp_teach.sim.evidence import benchmark_figures, gpu_surveys, measurement
 from ddp_teach.sim.evidence import loader
 
 # the functions the rows of collectives.toml and kernels.toml name

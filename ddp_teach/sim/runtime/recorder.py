@@ -51,10 +51,10 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 
 from ddp_teach import compat
-from ddp_teach.sim.attention import fused_attention
-from ddp_teach.sim.charges import ChargeEveryOp
-from ddp_teach.sim.efficiency import overlapped_end
-from ddp_teach.sim.works import VirtualWork, in_backward
+from ddp_teach.sim.runtime.attention import fused_attention
+from ddp_teach.sim.runtime.charges import ChargeEveryOp
+from ddp_teach.sim.model.efficiency import overlapped_end
+from ddp_teach.sim.runtime.works import VirtualWork, in_backward
 from ddp_teach.tracing.events import COMM, COMPUTE
 from ddp_teach.tracing.operations import call_bytes, operation
 from ddp_teach.tracing.recorder import Recorder
@@ -273,7 +273,7 @@ def _global_ranks(group) -> list:
 
 
 def _is_fake(group) -> bool:
-    """True in torch's fake process group (`ddp_teach.sim.one_rank`): one
+    """True in torch's fake process group (`ddp_teach.sim.runtime.one_rank`): one
     process stands for every rank, and all of them are assumed to issue
     each call when it does."""
     return dist.get_backend(group) == "fake"

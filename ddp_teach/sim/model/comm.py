@@ -1,6 +1,6 @@
 """Collective and point-to-point times on a simulated cluster, as runs measure them.
 
-`ddp_teach.sim.nccl` says which algorithm NCCL picks and what NCCL's own
+`ddp_teach.sim.model.nccl` says which algorithm NCCL picks and what NCCL's own
 model estimates; its latencies agree with measurements, but real runs move
 bytes more slowly than its bandwidth estimates, by an amount that depends
 on the algorithm. So a collective is charged
@@ -65,8 +65,8 @@ the same achieved fractions.
 """
 import math
 
-from ddp_teach.sim import calibrated, nccl
-from ddp_teach.sim.cluster import NVLINK
+from ddp_teach.sim.model import calibrated, nccl
+from ddp_teach.sim.model.cluster import NVLINK
 
 # The calibrated numbers (`calibrated.LINK_FRACTIONS`, `calibrated.NVLS_CHUNK_S`,
 # `calibrated.NVLS_ONE_CHANNEL_S`) are read from `calibrated` when a time is computed,

@@ -6,7 +6,7 @@ reach about 80% of an H100's peak, a streaming kernel about 88% of its
 memory bandwidth, fused attention about a third of peak, and a kernel
 never takes less than a few microseconds. `Achieved` holds those fractions
 for one GPU, each calibrated on one published measurement (the presets of
-`ddp_teach.sim.calibrated` name theirs; `benchmarks/sim_vs_published.md`
+`ddp_teach.sim.model.calibrated` name theirs; `benchmarks/sim_vs_published.md`
 shows them with the measurements they are checked against), and the
 functions here use them:
 
@@ -57,7 +57,7 @@ tokens, FlashAttention-2 87-100%).
 The host side: an eager PyTorch program issues one kernel per operation
 from Python, and each costs `host_s_per_op` of CPU time whatever its size
 (dispatch and launch); a kernel starts when the host has issued it and
-the stream is free (`ddp_teach.sim.runtime`), so a model of small layers
+the stream is free (`ddp_teach.sim.runtime.recorder`), so a model of small layers
 runs at the host's pace. And `overlap_slowdown`: compute that runs while a
 collective does is that much slower, since NCCL's kernels take SMs and
 memory bandwidth from it.
@@ -65,7 +65,7 @@ memory bandwidth from it.
 import math
 from dataclasses import dataclass
 
-from ddp_teach.sim import calibrated
+from ddp_teach.sim.model import calibrated
 
 # tile shapes (rows x columns of the output) that cuBLAS's kernels use
 TILES = ((256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64),

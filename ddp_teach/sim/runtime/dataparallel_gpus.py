@@ -49,8 +49,8 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ddp_teach.sim.charges import FREE_OPS, kernel_seconds, tensors_in
-from ddp_teach.sim.works import in_backward
+from ddp_teach.sim.runtime.charges import FREE_OPS, kernel_seconds, tensors_in
+from ddp_teach.sim.runtime.works import in_backward
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 from ddp_teach.tracing.timeline import Timeline
 

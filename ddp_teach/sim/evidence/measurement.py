@@ -4,8 +4,8 @@ What a row of the validation table is (`Measurement`), the tolerance every
 row is held to (`LOW`, `HIGH`), and how a table of rows is simulated
 (`table`). The rows themselves are data, in `ddp_teach/sim/evidence/`
 (`evidence.loader` reads them): collectives and kernels, which
-`ddp_teach.sim.published` simulates (products and copies on many GPUs
-through `ddp_teach.sim.gpu_surveys`), and whole training runs, which the
+`ddp_teach.sim.evidence.published` simulates (products and copies on many GPUs
+through `ddp_teach.sim.evidence.gpu_surveys`), and whole training runs, which the
 repository's `benchmarks/published_rows.py` simulates.
 
 role "calibrate": a constant of the simulator was solved from this row, so
@@ -25,7 +25,7 @@ class Measurement:
     group: "collective", "kernel", "training" or "inference"; role: "calibrate" or
     "validate" (see the module's doc); note: why the simulator misses it,
     where it does; id: the row's id in its evidence file, by which
-    `ddp_teach.sim.calibrated` names the rows its constants were solved from."""
+    `ddp_teach.sim.model.calibrated` names the rows its constants were solved from."""
     group: str
     what: str
     config: str

@@ -28,7 +28,7 @@ figure carries to the next, and the H100's size-by-size rows check the
 tile model's shapes. The bandwidth rows only validate: the T4 and RTX 4090
 take A100's share of their memory bandwidth, a stated assumption.
 """
-from ddp_teach.sim.benchmark_figures import matmul_tflops, stream_tbps
+from ddp_teach.sim.evidence.benchmark_figures import matmul_tflops, stream_tbps
 from ddp_teach.sim.evidence import loader
 
 SQUARE_SIZES = (1024, 2048, 4096, 8192, 10240)

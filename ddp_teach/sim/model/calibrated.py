@@ -10,7 +10,7 @@ written with; tests/sim/test_calibration.py runs it.
 
 A constant solved from a row reproduces that row by construction; what
 tells whether it can be trusted is every row it was not solved from (the
-"validate" rows), which `ddp_teach.sim.published` and the repository's
+"validate" rows), which `ddp_teach.sim.evidence.published` and the repository's
 `benchmarks/sim_vs_published.md` set beside the simulator.
 
 How each was solved: most are roots of the simulated figure, rounded to
@@ -46,7 +46,7 @@ HOST_S_PER_OP = 7e-6
 OVERLAP_SLOWDOWN = 1.189
 
 # Per GPU preset, the fields of `efficiency.Achieved`: the fractions of the
-# datasheet peaks real kernels reach (`ddp_teach.sim.hardware` builds the
+# datasheet peaks real kernels reach (`ddp_teach.sim.model.hardware` builds the
 # presets' Achieved from these).
 KERNEL_FRACTIONS = {
     "H100 SXM": dict(sms=132, matmul=0.851, memory=0.8866, attention=0.3314,
@@ -78,13 +78,13 @@ COPIED_FROM = {"H100 SXM": ("A100 80GB", ("conv", "conv_tf32")),
                                           "sustained"))}
 
 # The fraction of NCCL's own bandwidth estimate a collective reaches, by the
-# kind of algorithm (`ddp_teach.sim.comm.kind_of`): ring or tree inside one
+# kind of algorithm (`ddp_teach.sim.model.comm.kind_of`): ring or tree inside one
 # node, NVLink SHARP inside one node, ring or tree over the network, NVLS in
 # each node with a tree between them.
 LINK_FRACTIONS = {"in node": 0.991, "nvls": 0.974, "across nodes": 0.907,
                   "nvls tree": 0.549}
 # one NVLS chunk's fixed cost with every channel working, and with one alone
-# (`ddp_teach.sim.comm` says how chunks are charged)
+# (`ddp_teach.sim.model.comm` says how chunks are charged)
 NVLS_CHUNK_S = 5.4e-6
 NVLS_ONE_CHANNEL_S = 1.8e-6
 
