@@ -365,3 +365,24 @@ def test_no_file_cites_a_path_outside_the_repository():
                 if marker in text:
                     cited.append(f"{path.relative_to(ROOT)}: {marker}")
     assert not cited, cited
+
+
+# The simulator's layers, lowest first: a module imports only from its own
+# layer or a lower one (the model knows nothing of the runtime that charges
+# its times, the runtime nothing of the schedules, nothing of the evidence).
+SIM_LAYERS = ("model", "runtime", "schedules", "evidence")
+
+
+def test_the_simulators_layers_import_one_way():
+    graph = import_graph(ROOT, "ddp_teach")
+
+    def layer(name):
+        parts = name.split(".")
+        return SIM_LAYERS.index(parts[2]) if len(parts) > 3 and parts[2] in SIM_LAYERS \
+            else None
+    upward = [f"{source} -> {target}" for source, targets in graph.items()
+              for target in targets
+              if layer(source) is not None and layer(target) is not None
+              and layer(target) > layer(source)]
+    assert upward == []
+    assert {layer(name) for name in graph} >= set(range(len(SIM_LAYERS)))
