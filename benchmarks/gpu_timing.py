@@ -6,7 +6,7 @@ after warm-ups, so a launch's host time overlaps the previous kernel and
 only GPU time is counted; the host's time per operation is timed with the
 wall clock while the GPU keeps up; training steps by the wall clock over
 whole steps, the GPU drained at both ends. FLOPs of attention are counted
-as FlashAttention-2 counts them (`ddp_teach.sim.efficiency.attention_flops`).
+as FlashAttention-2 counts them (`ddp_teach.sim.model.efficiency.attention_flops`).
 Needs CUDA.
 """
 import time
@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ddp_teach.sim import efficiency
+from ddp_teach.sim.model import efficiency
 
 
 def cuda_seconds(fn, warmup=5, iters=20) -> float:

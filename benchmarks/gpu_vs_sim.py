@@ -9,8 +9,8 @@ and sets each figure beside what the simulator predicts for the same GPU
   fp32 one (CUDA cores, not tensor cores), a 1 GiB device-to-device copy, and fused attention forward and backward
   with each kernel the simulator knows for the GPU (FlashAttention-2, and
   cuDNN's where torch prefers it), each timed with CUDA events; the
-  simulator's achieved-rate model (`ddp_teach.sim.efficiency`, as
-  `ddp_teach.sim.benchmark_figures` gives it);
+  simulator's achieved-rate model (`ddp_teach.sim.model.efficiency`, as
+  `ddp_teach.sim.evidence.benchmark_figures` gives it);
 - the host time of one small eager operation (the simulator's
   `host_s_per_op`);
 - ResNet-50 training (AMP, SGD with momentum) on one GPU, and with DDP over
@@ -25,7 +25,7 @@ and sets each figure beside what the simulator predicts for the same GPU
   the GPU sets the pace, its busy time again, against the simulated
   kernels' (fp32 products at their achieved and sustained rates);
 - with two GPUs or more, an all-reduce sweep (`dt.bandwidth.sweep`, nccl)
-  against the cluster preset's NCCL model (`ddp_teach.sim.comm`).
+  against the cluster preset's NCCL model (`ddp_teach.sim.model.comm`).
 
 Run on a GPU machine: `make bench-gpu` (a few minutes). Writes
 benchmarks/gpu_vs_sim.md. Without CUDA it says so and exits 1.
@@ -44,8 +44,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import ddp_teach as dt  # noqa: E402
-from ddp_teach.sim import DEVICES, benchmark_figures, efficiency  # noqa: E402
-from ddp_teach.sim.simulation import Simulation  # noqa: E402
+from ddp_teach.sim import DEVICES  # noqa: E402
+from ddp_teach.sim.evidence import benchmark_figures
+from ddp_teach.sim.model import efficiency
+from ddp_teach.sim.model.simulation import Simulation  # noqa: E402
 from capstone_step import (capstone_profile, capstone_step, simulated_capstone,  # noqa: E402
                            simulated_phases)
 from published_runs import resnet50_images_per_s  # noqa: E402

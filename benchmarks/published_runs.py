@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 import ddp_teach as dt
 from ddp_teach.models import resnet50
-from ddp_teach.sim import Simulation, predict
-from ddp_teach.sim.runtime import SimulatedRecorder
+from ddp_teach.sim import Simulation
+from ddp_teach.sim.schedules import predict
+from ddp_teach.sim.runtime.recorder import SimulatedRecorder
 from published_models import Bert, Llama, LlamaBlock, Mpt, MptBlock, bert_loss, \
     llama_loss, mpt_loss
 

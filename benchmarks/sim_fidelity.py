@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 import ddp_teach as dt
 from ddp_teach.models import reference_mlp
-from ddp_teach.sim import Simulation, one_rank, predict
+from ddp_teach.sim import Simulation, one_rank
+from ddp_teach.sim.schedules import predict
 from section import publish
 
 WIDTH, DEPTH, BATCH = 1024, 8, 256

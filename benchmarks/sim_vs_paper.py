@@ -28,7 +28,8 @@ import torch
 
 from ddp_teach.cost import Link
 from ddp_teach.models import resnet50
-from ddp_teach.sim import Device, Simulation, predict
+from ddp_teach.sim import Device, Simulation
+from ddp_teach.sim.schedules import predict
 from section import measure_and_publish
 
 PAPER_SPEEDUP = 0.38

@@ -1,13 +1,13 @@
 """Simulated GPUs against published measurements of real ones.
 
 Every row of `published_rows.ROWS` (the collectives and kernels of
-`ddp_teach.sim.published`, and training runs) is a measurement someone published of a
+`ddp_teach.sim.evidence.published`, and training runs) is a measurement someone published of a
 real system (nccl-tests on DGX-class nodes, matrix-product and bandwidth
 benchmarks, training throughput of ResNet-50, BERT-large, MPT and Llama),
 with its configuration and source, and the same configuration simulated:
 collectives with `dt.sim.predict.collective` on a cluster preset (NCCL's
-choice of algorithm, `ddp_teach.sim.comm`), kernels with the achieved-rate
-model (`ddp_teach.sim.efficiency`), training steps with `predict.profile`,
+choice of algorithm, `ddp_teach.sim.model.comm`), kernels with the achieved-rate
+model (`ddp_teach.sim.model.efficiency`), training steps with `predict.profile`,
 `predict.bucketed_ddp` and `one_rank` + `predict.fsdp2` on meta tensors.
 
 Rows marked "calibrate" are the ones a constant of the simulator was
@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from published_rows import ROWS  # noqa: E402
-from ddp_teach.sim.measurement import HIGH, LOW  # noqa: E402
+from ddp_teach.sim.evidence.measurement import HIGH, LOW  # noqa: E402
 from section import measure_and_publish  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
 Why a module of its own: two layers need the same rule. The course's
 `ddp_teach.ddp.DistributedDataParallel` builds its buckets with it, and the
-simulator's schedule `ddp_teach.sim.predict.bucketed_ddp` charges one
+simulator's schedule `ddp_teach.sim.schedules.predict.bucketed_ddp` charges one
 all-reduce per bucket with it. If the simulator imported the lesson's
 module, changing the lesson could change what the simulator predicts for
 it; so the rule sits here, beside both, and imports neither (only the

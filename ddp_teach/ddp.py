@@ -66,7 +66,7 @@ import torch
 import torch.distributed as dist
 
 # the bucket rule lives in ddp_teach.buckets, which the simulator's DDP
-# schedule (ddp_teach.sim.predict) uses too; these names stay dt.ddp's
+# schedule (ddp_teach.sim.schedules.predict) uses too; these names stay dt.ddp's
 from ddp_teach.buckets import FIRST_BUCKET_CAP_MB, MIB, bucket_indices, check_bucket_cap
 from ddp_teach.tracing import labelled
 

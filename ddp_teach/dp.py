@@ -29,7 +29,7 @@ runs in their virtual time. The cost the course measures is visible in
 Where the bytes go differs from torch's. `replicate` here copies each
 parameter from the first device to one device after another, and autograd
 brings each copy's gradient back the same way, so the first device's link
-carries the model 2 (n - 1) times per step (tests/sim/test_gpus.py checks
+carries the model 2 (n - 1) times per step (tests/sim/test_dataparallel_gpus.py checks
 it on simulated GPUs). torch's replicate makes all the copies with one
 autograd function, `Broadcast` (torch/nn/parallel/_functions.py), whose
 forward is `comm.broadcast_coalesced` and whose backward is

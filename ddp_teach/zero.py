@@ -276,33 +276,21 @@ def model_state_bytes(model: nn.Module, optimizer=None) -> dict:
     return measure_model_bytes(model, optimizer, extra_params=owned)
 
 
-def paper_comm_volume(events, world_size: int, simulated: bool = False) -> float:
+def paper_comm_volume(events, world_size: int) -> float:
     """Bytes a rank communicated, in the paper's convention (section 7): an
     all-reduce of Psi counts 2 Psi (a reduce-scatter plus an all-gather), an
     all-gather or reduce-scatter counts the full array, Psi.
 
-    What an event's `nbytes` holds depends on the recorder. A traced run
-    (`dt.run(..., trace=True)`) records the bytes of every tensor handed to
-    the call: Psi for an in-place all-reduce, but output + input =
-    (N + 1) / N Psi for an all-gather or reduce-scatter of a Psi-element
-    array, which this undoes. A simulated run (`simulate=` or
-    `ddp_teach.sim.one_rank`) records the whole buffer, Psi, already: pass
-    `simulated=True` for its events (ddp_teach/sim/runtime.py, COLLECTIVES).
-    Events are told apart by name: the call's ("all_reduce"), or the label
-    of the course's DDP ("bucket 0") and ZeRO code ("unit 0 all-gather");
-    anything else (the broadcast at construction) is left out.
+    An event's `nbytes` is its collective's whole array, Psi, in a traced
+    and in a simulated run alike (`ddp_teach.tracing.operations`), and its
+    `op` says which collective it was, whatever its name ("ddp bucket 0",
+    "unit 0 all-gather"); anything else (the broadcast at construction) is
+    left out. `world_size` is checked, as the count this volume is per rank of.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1; got {world_size!r}")
-    one_array = 1.0 if simulated else world_size / (world_size + 1)
-    total = 0.0
-    for event in (e for e in events if e.kind == COMM):
-        call = event.name.replace("_", "-")  # a label, or the call's own name
-        if "all-reduce" in call or "bucket" in call:
-            total += 2 * event.nbytes
-        elif "all-gather" in call or "reduce-scatter" in call:
-            total += event.nbytes * one_array
-    return total
+    arrays = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}
+    return float(sum(arrays.get(e.op, 0) * e.nbytes for e in events if e.kind == COMM))
 
 
 

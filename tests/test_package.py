@@ -193,7 +193,8 @@ LESSON_MODULES = (
 # module of ddp_teach.
 SHARED_MODULES = ("cost", "buckets")
 # The modules that hold the simulator's evidence, or exist to compare it with
-# the evidence: loaded when first asked for, never by `import ddp_teach`.
+# the evidence (ddp_teach/sim/evidence/): loaded when first asked for, never by
+# `import ddp_teach`; dt.sim gives them by these names.
 EVIDENCE_MODULES = ("published", "benchmark_figures", "gpu_surveys", "measurement")
 
 
@@ -207,7 +208,7 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     An edge is an import that NAMES a module: `import a.b`, `from a.b import
     c` (a.b; or a.b.c when that is a module), `from . import c`. Python also
     runs every parent package's __init__ before a submodule (importing
-    ddp_teach.sim.simulation runs ddp_teach/__init__ and ddp_teach/sim/
+    ddp_teach.sim.model.simulation runs ddp_teach/__init__ and ddp_teach/sim/
     __init__ first); those implied imports are not edges. If they were,
     every module would import ddp_teach, which imports every lesson, and
     everything would be one cycle. So this, and only this, is allowed: a
@@ -216,7 +217,7 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     P's __init__ loads P.x whole, and the request then finds it loaded. It
     loops only when P.x needs a name that P's __init__ has not defined yet,
     and for that P.x must name P (`from ddp_teach.sim import Simulation`
-    inside ddp_teach.sim.predict): an edge back, which counts, and a cycle."""
+    inside ddp_teach.sim.schedules.predict): an edge back, which counts, and a cycle."""
     modules = {".".join(p.relative_to(root).with_suffix("").parts)
                .removesuffix(".__init__"): p for p in (root / package).rglob("*.py")}
     graph = {name: set() for name in modules}
@@ -334,19 +335,21 @@ def test_a_planted_lesson_import_in_the_simulator_is_found(tmp_path):
 
 
 def test_import_ddp_teach_loads_no_evidence():
-    """The published measurements (and the modules that compare the
-    simulator with them) load when a notebook first asks for them."""
-    evidence = [f"ddp_teach.sim.{name}" for name in EVIDENCE_MODULES]
+    """The published measurements (the evidence files, their loader, and
+    the modules that compare the simulator with them) load when a notebook
+    first asks for them."""
     done = subprocess.run(
         [sys.executable, "-c", "import ddp_teach, sys; "
-         f"print([m for m in {evidence!r} if m in sys.modules])"],
+         "print([m for m in sys.modules if m.startswith('ddp_teach.sim.evidence')])"],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", f"import ddp_teach loaded {done.stdout}"
     # ... and they are still there when asked for
-    for name in EVIDENCE_MODULES:
+    for name in EVIDENCE_MODULES + ("evidence",):
         assert name in dir(dt.sim)
-        assert getattr(dt.sim, name).__name__ == f"ddp_teach.sim.{name}"
+    for name in EVIDENCE_MODULES:
+        assert getattr(dt.sim, name).__name__ == f"ddp_teach.sim.evidence.{name}"
+    assert dt.sim.evidence.__name__ == "ddp_teach.sim.evidence"
 
 
 # the course authors' notes beside the repository, which a learner's clone
@@ -365,3 +368,24 @@ def test_no_file_cites_a_path_outside_the_repository():
                 if marker in text:
                     cited.append(f"{path.relative_to(ROOT)}: {marker}")
     assert not cited, cited
+
+
+# The simulator's layers, lowest first: a module imports only from its own
+# layer or a lower one (the model knows nothing of the runtime that charges
+# its times, the runtime nothing of the schedules, nothing of the evidence).
+SIM_LAYERS = ("model", "runtime", "schedules", "evidence")
+
+
+def test_the_simulators_layers_import_one_way():
+    graph = import_graph(ROOT, "ddp_teach")
+
+    def layer(name):
+        parts = name.split(".")
+        return SIM_LAYERS.index(parts[2]) if len(parts) > 3 and parts[2] in SIM_LAYERS \
+            else None
+    upward = [f"{source} -> {target}" for source, targets in graph.items()
+              for target in targets
+              if layer(source) is not None and layer(target) is not None
+              and layer(target) > layer(source)]
+    assert upward == []
+    assert {layer(name) for name in graph} >= set(range(len(SIM_LAYERS)))

@@ -1,9 +1,9 @@
 """Re-solve every calibrated constant of the simulator from its evidence rows.
 
-Each constant of `ddp_teach.sim.calibrated`, `ddp_teach.sim.efficiency` and
-`ddp_teach.sim.comm` that was solved from a published measurement is listed
-in `CONSTANTS` with the rows it was solved from (the "calibrate" rows of
-`benchmarks/published_rows.py`, by their `what`). Each is solved again: the
+Each constant of `ddp_teach.sim.model.calibrated` that was solved from a published
+measurement is listed in `CONSTANTS`, with the rows it was solved from as
+`calibrated.SOLVED_FROM` names them (the "calibrate" rows of
+`ddp_teach/sim/evidence/*.toml`, by id). Each is solved again: the
 constant is set to a trial value in the live simulator, its row runs as
 `benchmarks/sim_vs_published.py` runs it (training rows on the meta
 device), and the value at which simulated / published = 1 is found by a
@@ -19,8 +19,8 @@ forms leave out each kernel's fixed cost, kernel_s: 0.03-0.2%).
 
 Tolerance: a stored constant matches when it equals the re-derived value to
 half a unit of the last significant figure it is written with (three for
-most: 0.851, 3.74e-6; four for the ratios of four-figure published figures
-such as 327.9 / 989.4; two for EMULATED, NVLS_CHUNK_S and
+most: 0.851, 3.74e-6; four for the closed-form shares, the memory and
+attention fractions and CAUSAL: 0.8866; two for EMULATED, NVLS_CHUNK_S and
 NVLS_ONE_CHANNEL_S), a relative tolerance of 0.01% to 2.8%, printed per
 constant: rounding is the only difference allowed. A row's figure moves at
 most in proportion to its constant (seconds = fixed costs + work x constant
@@ -37,18 +37,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ is not a package
 
-from calibration_solver import (BY_NAME, ROWS, Constant, calibration_ratios,  # noqa: E402
+from calibration_solver import (BY_ID, ROWS, Constant, calibration_ratios,  # noqa: E402
                                 ratio, solve, solve_together, with_value)
-from ddp_teach.sim import calibrated, comm, efficiency, hardware  # noqa: E402
+from ddp_teach.sim.model import calibrated, hardware  # noqa: E402
 
 H100, A100 = "H100 SXM", "A100 80GB"
-__all__ = ["BY_NAME", "ROWS", "CONSTANTS", "PAIRS", "calibration_ratios", "ratio",
+ROWS_OF = calibrated.SOLVED_FROM
+__all__ = ["BY_ID", "ROWS", "CONSTANTS", "PAIRS", "calibration_ratios", "ratio",
            "resolve_all", "mismatches", "row_tolerances", "with_value", "main"]
 
 
-def _fraction(device, field, stored, figures, row, note="", closed_form=None):
-    return Constant(f"{device}: {field}", stored, figures, (row,), (0.05, 1.0),
-                    device, field, note, closed_form)
+def _fraction(device, field, figures, note="", closed_form=None):
+    name = f"{device}: {field}"
+    return Constant(name, calibrated.KERNEL_FRACTIONS[device][field], figures,
+                    ROWS_OF[name], (0.05, 1.0), device, field, note, closed_form)
+
+
+def _module(name, figures, bracket, device=None, field=None, note="", closed_form=None):
+    """A constant of `calibrated` itself (set on `device`'s Achieved, as
+    `field`, where that is how the simulator reads it)."""
+    return Constant(name, getattr(calibrated, name), figures, ROWS_OF[name], bracket,
+                    device, field or name, note, closed_form)
 
 
 def _share(row, device, peak):
@@ -56,9 +65,15 @@ def _share(row, device, peak):
     a dtype): the closed form a constant was written as."""
     def share():
         d = hardware.DEVICES[device]
-        rate = BY_NAME[row].published * 1e12  # TB/s or TFLOP/s
+        rate = BY_ID[row].published * 1e12  # TB/s or TFLOP/s
         return rate / (d.memory_bandwidth if peak == "memory" else d.flops[peak])
     return share
+
+
+def _closed(device, field, peak):
+    name = f"{device}: {field}"
+    return _fraction(device, field, 4, CLOSED,
+                     _share(ROWS_OF[name][0], device, peak))
 
 
 CLOSED = ("closed form, the row's figure over the datasheet peak; inverting the "
@@ -66,80 +81,60 @@ CLOSED = ("closed form, the row's figure over the datasheet peak; inverting the 
           "fixed cost, kernel_s)")
 
 
-def _link(kind, row, figures=3, rows=None, note=""):
-    return Constant(f"comm.ACHIEVED[{kind!r}]", comm.ACHIEVED[kind], figures,
-                    rows or (row,), (0.05, 1.0), None, f"ACHIEVED:{kind}", note)
+def _link(kind, figures=3, note=""):
+    name = f"LINK_FRACTIONS[{kind!r}]"
+    return Constant(name, calibrated.LINK_FRACTIONS[kind], figures, ROWS_OF[name],
+                    (0.05, 1.0), None, f"LINK_FRACTIONS:{kind}", note)
 
 
-_H, _A = calibrated.ACHIEVED[H100], calibrated.ACHIEVED[A100]
-_T4, _RTX = calibrated.ACHIEVED["T4"], calibrated.ACHIEVED["RTX 4090"]
-CUDNN_ROWS = ("cuDNN attention fwd + bwd, causal, H100", "cuDNN attention fwd + bwd, H100")
-NVLS_ROWS = ("all-reduce 8 GiB, 8 GPUs, NVLS", "all-reduce 64 MiB, 8 GPUs, NVLS")
-KERNEL_ROWS = ("fp16 matmul 8192^3, A100", "fp16 matmul 1024^3, A100")
+CAUSAL_ROWS = ROWS_OF["CAUSAL"]  # (causal row, full-mask row)
 CONSTANTS = [
-    _fraction(H100, "matmul", _H.matmul, 3, "bf16 matmul 2048 x 2048 x 13312, H100"),
-    Constant(f"{A100}: matmul", _A.matmul, 3, KERNEL_ROWS, (0.05, 1.0), A100, "matmul",
-             "with kernel_s as stored"),
-    Constant("calibrated.KERNEL_S", calibrated.KERNEL_S, 3, KERNEL_ROWS[::-1],
-             (1e-7, 2e-5), A100, "kernel_s", "every preset's kernel_s; solved with A100's matmul from both rows"),
-    _fraction(H100, "memory", _H.memory, 3, "STREAM triad, H100", CLOSED,
-              _share("STREAM triad, H100", H100, "memory")),
-    _fraction(A100, "memory", _A.memory, 3, "STREAM triad, A100", CLOSED,
-              _share("STREAM triad, A100", A100, "memory")),
-    _fraction(H100, "attention", _H.attention, 4, "FlashAttention-2, H100", CLOSED,
-              _share("FlashAttention-2, H100", H100, "bfloat16")),
-    _fraction(A100, "attention", _A.attention, 4, "FlashAttention-2, A100", CLOSED,
-              _share("FlashAttention-2, A100", A100, "bfloat16")),
-    _fraction(H100, "attention_cudnn", _H.attention_cudnn, 4,
-              "cuDNN attention fwd + bwd, H100", CLOSED,
-              _share("cuDNN attention fwd + bwd, H100", H100, "bfloat16")),
-    Constant("efficiency.CAUSAL", efficiency.CAUSAL, 4, CUDNN_ROWS, (0.05, 1.0), H100,
-             "causal", "every preset's causal; closed form, the causal row's figure over "
-             "the full-mask one's; inverting the model instead gives {root:.6g} (the "
-             "closed form leaves out kernel_s, a larger share of the shorter causal run)",
-             lambda: BY_NAME[CUDNN_ROWS[0]].published / BY_NAME[CUDNN_ROWS[1]].published),
-    _fraction(H100, "matmul_fp32", _H.matmul_fp32, 3, "fp32 square matmul, best size, H100"),
-    _fraction(A100, "matmul_fp32", _A.matmul_fp32, 3, "fp32 square matmul, best size, A100"),
-    _fraction("T4", "matmul", _T4.matmul, 3, "fp16 square matmul, best size, T4 (Colab)"),
-    _fraction("T4", "matmul_fp32", _T4.matmul_fp32, 3,
-              "fp32 square matmul, best size, T4 (Colab)"),
-    Constant("efficiency.EMULATED", efficiency.EMULATED, 2,
-             ("bf16 square matmul, best size, T4 (Colab)",), (0.05, 1.0), None,
-             "efficiency.EMULATED", "with T4's matmul_fp32"),
-    _fraction("RTX 4090", "matmul", _RTX.matmul, 3,
-              "fp16 square matmul, best size, RTX 4090 (a)"),
-    _fraction("RTX 4090", "matmul_fp32", _RTX.matmul_fp32, 3,
-              "fp32 square matmul, best size, RTX 4090 (a)"),
-    _fraction(H100, "sustained", _H.sustained, 3, "MPT-7B FSDP, 8 H100"),
-    _fraction(A100, "sustained", _A.sustained, 3, "MPT-7B FSDP, 8 A100",
-              "V100's, T4's and RTX 4090's too"),
-    _fraction(A100, "conv", _A.conv, 3, "ResNet-50, 1 A100",
-              "with A100's sustained; every preset's conv"),
-    _fraction(A100, "conv_tf32", _A.conv_tf32, 3, "ResNet-50 TF32, 1 A100",
-              "with A100's sustained; H100's and RTX 4090's too"),
-    Constant("calibrated.CONV_FP32", calibrated.CONV_FP32, 3, ("ResNet-50 FP32, 1 V100",),
-             (0.05, 1.0), "V100 SXM2", "conv_fp32", "every preset's conv_fp32"),
-    _link("in node", "all-reduce 16 GiB, 8 GPUs, ring"),
-    _link("nvls", None, rows=NVLS_ROWS, note="with NVLS_CHUNK_S as stored"),
-    Constant("comm.NVLS_CHUNK_S", comm.NVLS_CHUNK_S, 2, NVLS_ROWS[::-1], (1e-8, 5e-5),
-             None, "comm.NVLS_CHUNK_S", "solved with the nvls fraction from both rows"),
-    Constant("comm.NVLS_ONE_CHANNEL_S", comm.NVLS_ONE_CHANNEL_S, 2,
-             ("all-reduce 128 KiB, 8 GPUs, NVLS",), (1e-8, 5e-5), None,
-             "comm.NVLS_ONE_CHANNEL_S"),
-    _link("across nodes", "all-reduce, 32 GPUs in 4 nodes"),
-    _link("nvls tree", "all-reduce 512 MiB, 16 GPUs in 2 nodes"),
+    _fraction(H100, "matmul", 3),
+    _fraction(A100, "matmul", 3, "with kernel_s as stored"),
+    _module("KERNEL_S", 3, (1e-7, 2e-5), A100, "kernel_s",
+            "every preset's kernel_s; solved with A100's matmul from both rows"),
+    _closed(H100, "memory", "memory"),
+    _closed(A100, "memory", "memory"),
+    _closed(H100, "attention", "bfloat16"),
+    _closed(A100, "attention", "bfloat16"),
+    _closed(H100, "attention_cudnn", "bfloat16"),
+    _module("CAUSAL", 4, (0.05, 1.0), H100, "causal",
+            "every preset's causal; closed form, the causal row's figure over the "
+            "full-mask one's; inverting the model instead gives {root:.6g} (the closed "
+            "form leaves out kernel_s, a larger share of the shorter causal run)",
+            lambda: BY_ID[CAUSAL_ROWS[0]].published / BY_ID[CAUSAL_ROWS[1]].published),
+    _fraction(H100, "matmul_fp32", 3),
+    _fraction(A100, "matmul_fp32", 3),
+    _fraction("T4", "matmul", 3),
+    _fraction("T4", "matmul_fp32", 3),
+    _module("EMULATED", 2, (0.05, 1.0), note="with T4's matmul_fp32"),
+    _fraction("RTX 4090", "matmul", 3),
+    _fraction("RTX 4090", "matmul_fp32", 3),
+    _fraction(H100, "sustained", 3),
+    _fraction(A100, "sustained", 3, "V100's, T4's and RTX 4090's too"),
+    _fraction(A100, "conv", 3, "with A100's sustained; every preset's conv"),
+    _fraction(A100, "conv_tf32", 3, "with A100's sustained; H100's and RTX 4090's too"),
+    _module("CONV_FP32", 3, (0.05, 1.0), "V100 SXM2", "conv_fp32",
+            "every preset's conv_fp32"),
+    _link("in node"),
+    _link("nvls", note="with NVLS_CHUNK_S as stored"),
+    _module("NVLS_CHUNK_S", 2, (1e-8, 5e-5),
+            note="solved with the nvls fraction from both rows"),
+    _module("NVLS_ONE_CHANNEL_S", 2, (1e-8, 5e-5)),
+    _link("across nodes"),
+    _link("nvls tree"),
 ]
 # the pairs solved from two rows together: {time constant: its fraction}.
 # Both rows give both; the time constant was then rounded to its figures and
 # the fraction solved again from its own row with it, as the stored values
 # show (A100's matmul with kernel_s at 3.74e-6; "nvls" with 5.4e-6)
-PAIRS = {"calibrated.KERNEL_S": f"{A100}: matmul",
-         "comm.NVLS_CHUNK_S": "comm.ACHIEVED['nvls']"}
+PAIRS = {"KERNEL_S": f"{A100}: matmul",
+         "NVLS_CHUNK_S": "LINK_FRACTIONS['nvls']"}
 # what a "calibrate" constant of the simulator is that no row can give back
 NOT_FROM_ROWS = {
-    "Achieved.host_s_per_op (7e-6 s)": "a round figure from FlagGems issue 4812 "
+    "HOST_S_PER_OP (7e-6 s)": "a round figure from FlagGems issue 4812 "
     "(\"~7 us eager\"), which has no row; the course's own 7.56 us row validates it",
-    "Achieved.overlap_slowdown (1.189)": "the average slowdown Lee et al. (arXiv "
+    "OVERLAP_SLOWDOWN (1.189)": "the average slowdown Lee et al. (arXiv "
     "2507.03114) report over many runs; no single row, so nothing to solve from",
     "H100's conv and conv_tf32; V100, T4, RTX 4090's other fractions": "copied from "
     "A100's (no run of theirs calibrates them), a stated assumption, not a solution",

@@ -1,6 +1,6 @@
 """The solver behind tools/calibrate.py: one calibrated constant set to a
-trial value in the live simulator, a row of `benchmarks/published_rows.py`
-run with it, and the value found at which the row's simulated figure equals
+trial value in the live simulator, an evidence row (by its id, as
+`benchmarks/published_rows.py` simulates it) run with it, and the value found at which the row's simulated figure equals
 the published one (see tools/calibrate.py for what is solved and why).
 """
 import contextlib
@@ -15,17 +15,18 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/ is not a package
 sys.path.insert(0, str(ROOT))
 
 from published_rows import ROWS  # noqa: E402
-from ddp_teach.sim import comm, efficiency, hardware  # noqa: E402
+from ddp_teach.sim.model import calibrated, hardware  # noqa: E402
 
-BY_NAME = {row.what: row for row in ROWS}
+BY_ID = {row.id: row for row in ROWS}
 
 
 @dataclass(frozen=True)
 class Constant:
-    """One calibrated constant: where it lives (`device` and `field` of an
-    `Achieved`, or None and a module attribute `module.field`, or a key of
-    comm.ACHIEVED), its stored value, the significant figures it is written
-    with, the rows it was solved from, and the interval its root lies in."""
+    """One calibrated constant: where it lives (`device` and `field` of a
+    preset's `Achieved`, or None and a name of `ddp_teach.sim.model.calibrated`,
+    "LINK_FRACTIONS:<kind>" for one of its link fractions), its stored
+    value, the significant figures it is written with, the ids of the rows
+    it was solved from, and the interval its root lies in."""
     name: str
     stored: float
     figures: int
@@ -50,10 +51,9 @@ def _live(constant: Constant) -> float:
     """The value the simulator uses now."""
     if constant.device is not None:
         return getattr(hardware.DEVICES[constant.device].achieved, constant.field)
-    if constant.field.startswith("ACHIEVED:"):
-        return comm.ACHIEVED[constant.field.split(":", 1)[1]]
-    module_name, attribute = constant.field.split(".")
-    return getattr({"comm": comm, "efficiency": efficiency}[module_name], attribute)
+    if constant.field.startswith("LINK_FRACTIONS:"):
+        return calibrated.LINK_FRACTIONS[constant.field.split(":", 1)[1]]
+    return getattr(calibrated, constant.field)
 
 
 @contextlib.contextmanager
@@ -63,20 +63,19 @@ def with_value(constant: Constant, value: float):
     if value == _live(constant):
         yield
         return
-    module, attribute = None, None
+    attribute = None
     if constant.device is not None:
         old = hardware.DEVICES[constant.device]
         hardware.DEVICES[constant.device] = replace(old, achieved=replace(
             old.achieved, **{constant.field: value}))
-    elif constant.field.startswith("ACHIEVED:"):
-        module, attribute = comm, "ACHIEVED"
-        old = comm.ACHIEVED
-        comm.ACHIEVED = {**old, constant.field.split(":", 1)[1]: value}
+    elif constant.field.startswith("LINK_FRACTIONS:"):
+        attribute = "LINK_FRACTIONS"
+        old = calibrated.LINK_FRACTIONS
+        calibrated.LINK_FRACTIONS = {**old, constant.field.split(":", 1)[1]: value}
     else:
-        module_name, attribute = constant.field.split(".")
-        module = {"comm": comm, "efficiency": efficiency}[module_name]
-        old = getattr(module, attribute)
-        setattr(module, attribute, value)
+        attribute = constant.field
+        old = getattr(calibrated, attribute)
+        setattr(calibrated, attribute, value)
     _patched += 1
     try:
         yield
@@ -85,25 +84,25 @@ def with_value(constant: Constant, value: float):
         if constant.device is not None:
             hardware.DEVICES[constant.device] = old
         else:
-            setattr(module, attribute, old)
+            setattr(calibrated, attribute, old)
 
 
-def ratio(row_name: str) -> float:
+def ratio(row_id: str) -> float:
     """simulated / published of one row, with the simulator as it stands
     (kept once computed with every constant at its stored value)."""
-    if _patched or row_name not in _STORED_RATIOS:
-        row = BY_NAME[row_name]
+    if _patched or row_id not in _STORED_RATIOS:
+        row = BY_ID[row_id]
         figure = row.simulate() / row.published
         if _patched:
             return figure
-        _STORED_RATIOS[row_name] = figure
-    return _STORED_RATIOS[row_name]
+        _STORED_RATIOS[row_id] = figure
+    return _STORED_RATIOS[row_id]
 
 
 def calibration_ratios() -> dict:
     """{row: simulated / published} of every "calibrate" row, every constant
     at its stored value."""
-    return {row.what: ratio(row.what) for row in ROWS if row.role == "calibrate"}
+    return {row.id: ratio(row.id) for row in ROWS if row.role == "calibrate"}
 
 
 def solve(constant: Constant, others=()) -> float:

@@ -185,8 +185,10 @@ def _judge(results, cases, names, world_size) -> Verdict | None:
 
 def _traffic(timeline, calls, world_size) -> Verdict | None:
     """WRONG when a rank handed collectives more than a number per rank per
-    call: the shards themselves travelled."""
-    allowed = calls * (world_size + 1) * SCALAR_BYTES
+    call: the shards themselves travelled. (An event counts its collective's
+    whole buffer: an all-gather of one number per rank counts world_size
+    numbers, an all-reduce of one number one.)"""
+    allowed = calls * world_size * SCALAR_BYTES
     for rank in range(world_size):
         moved = sum(e.nbytes for e in timeline.for_rank(rank) if e.kind == "comm")
         if moved > allowed:

@@ -106,7 +106,7 @@ def _step(ranks: int, layers: int, forward_s: float, layer_bytes: int, link,
                          for r in range(ranks))
             start = max(filled, channel)
             channel = start + cost.collective_time("all_reduce", nbytes, ranks, link)
-            events += [Event(r, "all_reduce", COMM, start, channel, nbytes)
+            events += [Event(r, "all_reduce", COMM, start, channel, nbytes, op="all_reduce")
                        for r in range(ranks)]
         comm_end = channel
     for rank in range(ranks):

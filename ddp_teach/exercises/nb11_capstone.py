@@ -37,7 +37,7 @@ import numbers
 from ddp_teach.cost import allreduce_time
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
-from ddp_teach.sim.hardware import LINKS
+from ddp_teach.sim.model.hardware import LINKS
 
 CHECKED_LINKS = ("NVLink 4", "InfiniBand NDR", "10GbE")
 CASES = [(compute_s, nbytes, world_size, link_name)

@@ -129,7 +129,7 @@ def _init_process_group(job: Job, rank: int):
 def _install_recorder(job: Job, rank: int):
     """The recorder a traced, slowed or simulated run needs, or None."""
     if job.simulate is not None:
-        from ddp_teach.sim.runtime import SimulatedRecorder
+        from ddp_teach.sim.runtime.recorder import SimulatedRecorder
         recorder = SimulatedRecorder(rank, job.simulate)
     elif job.trace or job.network is not None:
         from ddp_teach.tracing.recorder import Recorder

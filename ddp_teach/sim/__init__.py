@@ -19,6 +19,14 @@ collectives as NCCL runs them (`cluster`, `nccl`, `comm`), kernels as fast
 as real ones, not as the datasheet (`efficiency`, with the fractions of
 `calibrated`), and a host that issues each operation.
 
+The modules sit in four subpackages, which import one way (evidence ->
+schedules -> runtime -> model, none of them a lesson of the course):
+`model` (devices, links, clusters, NCCL's model, efficiency, the
+calibrated numbers, Simulation), `runtime` (the recorder, charges,
+attention, works, one_rank, SimulatedGPUs), `schedules` (predict and the
+pipeline and FSDP2 schedules) and `evidence` (the data and what compares
+the simulator with it). The names below are the public ones.
+
 The same program gives the same virtual times on any machine, under any
 load. `predict` gives the textbook cases from the same numbers, and
 `one_rank` runs one rank of thousands in this process, on the meta device.
@@ -28,27 +36,32 @@ DataParallel (`ddp_teach.dp`), whose threads share Python's GIL.
 How far to trust it: `published` sets the simulator beside published
 measurements of real GPUs (each row a `measurement.Measurement`, held to
 `measurement.LOW`-`HIGH`), with the kernel benchmarks' figures from
-`benchmark_figures`; `gpu_surveys` holds its rows for the GPUs learners
-have (T4, RTX 4090) and for fp32 products. These four are the evidence and
-the modules that exist to compare with it: `import ddp_teach` does not load
+`benchmark_figures`; `gpu_surveys` simulates the surveys of the GPUs
+learners have (T4, RTX 4090) and of fp32 products. The measurements
+themselves are data files in `evidence/` (TOML, with a manifest), read by
+`evidence.loader`; the calibrated constants (`calibrated`, plain numbers)
+name the rows they were solved from. These five are the evidence and the
+modules that exist to compare with it: `import ddp_teach` does not load
 them (the model must not depend on what it is checked against, and a
 learner's import should not build every published row); `dt.sim.published` and
 the others load on first use, through `__getattr__` below (PEP 562).
 """
-from ddp_teach.sim import nccl, predict
-from ddp_teach.sim.cluster import CLUSTERS, Cluster, cluster
-from ddp_teach.sim.efficiency import Achieved
-from ddp_teach.sim.gpus import SimulatedGPUs
-from ddp_teach.sim.hardware import DEVICES, LINKS, Device, device, link
-from ddp_teach.sim.one_rank import one_rank
-from ddp_teach.sim.simulation import Simulation
+from ddp_teach.sim.model import nccl
+from ddp_teach.sim.model.cluster import CLUSTERS, Cluster, cluster
+from ddp_teach.sim.model.efficiency import Achieved
+from ddp_teach.sim.model.hardware import DEVICES, LINKS, Device, device, link
+from ddp_teach.sim.model.simulation import Simulation
+from ddp_teach.sim.runtime.dataparallel_gpus import SimulatedGPUs
+from ddp_teach.sim.runtime.one_rank import one_rank
+from ddp_teach.sim.schedules import predict
 
 __all__ = ["Simulation", "Device", "DEVICES", "LINKS", "device", "link", "predict",
            "one_rank", "SimulatedGPUs", "Cluster", "CLUSTERS", "cluster", "Achieved",
-           "nccl", "published", "measurement", "benchmark_figures", "gpu_surveys"]
+           "nccl", "published", "measurement", "benchmark_figures", "gpu_surveys",
+           "evidence"]
 
 # Loaded on first use, not at import (see the docstring).
-EVIDENCE = ("benchmark_figures", "gpu_surveys", "measurement", "published")
+EVIDENCE = ("benchmark_figures", "evidence", "gpu_surveys", "measurement", "published")
 
 
 def __getattr__(name: str):
@@ -58,13 +71,15 @@ def __getattr__(name: str):
     tests/test_package.py's import graph) see them; `from ddp_teach.sim
     import published` here would recurse, since it asks this function first."""
     if name == "benchmark_figures":
-        import ddp_teach.sim.benchmark_figures as module
+        import ddp_teach.sim.evidence.benchmark_figures as module
+    elif name == "evidence":
+        import ddp_teach.sim.evidence as module
     elif name == "gpu_surveys":
-        import ddp_teach.sim.gpu_surveys as module
+        import ddp_teach.sim.evidence.gpu_surveys as module
     elif name == "measurement":
-        import ddp_teach.sim.measurement as module
+        import ddp_teach.sim.evidence.measurement as module
     elif name == "published":
-        import ddp_teach.sim.published as module
+        import ddp_teach.sim.evidence.published as module
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return module

@@ -1,8 +1,9 @@
 """Record, inside each worker, when it computed and when it communicated.
 
 With `dt.run(..., trace=True)` every torch.distributed collective and
-point-to-point call the run makes is recorded: its name, the bytes of the
-tensors it was given, when it was issued and when its work completed. For an
+point-to-point call the run makes is recorded: its name, its operation and
+the bytes of its buffer (`operations`: what a simulated run records too),
+when it was issued and when its work completed. For an
 `async_op=True` call the completion comes from the work's future, which fires
 in the communication thread the moment the data has arrived, not when the
 program got round to `wait()`. torch's DistributedDataParallel reduces
@@ -27,6 +28,7 @@ import time
 
 from ddp_teach import compat
 from ddp_teach.tracing.events import COMM, Event
+from ddp_teach.tracing.operations import call_bytes, operation, tensor_bytes
 
 RECORDED_CALLS = (  # every public torch.distributed call that moves data
     "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
@@ -91,9 +93,9 @@ class Recorder:
         """An event the program marked itself (`span`, `trace_layers`)."""
         self.add(name, kind, start, end, nbytes)
 
-    def add(self, name, kind, start, end, nbytes=0, emulated_s=0.0) -> None:
+    def add(self, name, kind, start, end, nbytes=0, emulated_s=0.0, op="") -> None:
         self.events.append(Event(self.rank, name, kind, start, end, nbytes,
-                                 emulated_s))
+                                 emulated_s, op))
 
     def least_time(self, nbytes: int) -> float:
         """What the emulated link needs for this many bytes (0 without one)."""
@@ -109,7 +111,7 @@ class Recorder:
             return call(*args, **kwargs)
         # torch 2.13's names on every torch (FSDP2 calls the old ones before 2.13)
         label = getattr(local, "label", None) or compat.traced_name(name)
-        nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs.values())
+        nbytes, op = call_bytes(name, call, args, kwargs), operation(name)
         start = time.perf_counter()
         local.depth = 1
         try:
@@ -119,23 +121,23 @@ class Recorder:
         ready_at = start + self.least_time(nbytes)
         works = result if isinstance(result, list) else [result]
         if result is not None and all(hasattr(w, "get_future") for w in works):
-            proxies = [self._track(w, label, start, ready_at, size)
-                       for w, size in zip(works, _bytes_per_work(name, args, kwargs,
-                                                                  works, nbytes))]
+            proxies = [self._track(w, label, start, ready_at, size, work_op)
+                       for w, (size, work_op) in zip(works, _bytes_per_work(
+                           name, args, kwargs, works, nbytes, op))]
             return proxies if isinstance(result, list) else proxies[0]
         end = time.perf_counter()
         if end < ready_at:
             time.sleep(ready_at - end)
         self.add(label, COMM, start, max(end, ready_at), nbytes,
-                 max(0.0, ready_at - end))
+                 max(0.0, ready_at - end), op)
         return result
 
-    def _track(self, work, name, start, ready_at, nbytes):
+    def _track(self, work, name, start, ready_at, nbytes, op):
         """Record an async work when its future completes."""
         def done(_future=None):
             end = time.perf_counter()
             self.add(name, COMM, start, max(end, ready_at), nbytes,
-                     max(0.0, ready_at - end))
+                     max(0.0, ready_at - end), op)
         try:
             future = work.get_future()
         except RuntimeError:  # gloo's send/recv works have no future
@@ -203,28 +205,16 @@ class _SlowWork:
         return getattr(self._work, name)
 
 
-def _bytes_per_work(name, args, kwargs, works, nbytes) -> list[int]:
-    """The bytes each work of one call moves. `batch_isend_irecv` returns a
-    work per P2POp on gloo (one for the whole batch where nccl coalesces
-    them): each op's work gets that op's bytes, so a batch counts once."""
+def _bytes_per_work(name, args, kwargs, works, nbytes, op) -> list[tuple]:
+    """(bytes, operation) of each work of one call. `batch_isend_irecv`
+    returns a work per P2POp on gloo (one for the whole batch where nccl
+    coalesces them): each op's work gets that op's bytes and operation
+    (send or recv), so a batch counts once."""
     ops = args[0] if args else kwargs.get("p2p_op_list", ())
     if name == "batch_isend_irecv" and len(works) > 1 and len(ops) == len(works):
-        return [_tensor_bytes([op]) for op in ops]
-    return [nbytes] * len(works)
-
-
-def _tensor_bytes(values) -> int:
-    import torch
-    total = 0
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            total += value.numel() * value.element_size()
-        elif isinstance(value, (list, tuple)):
-            total += _tensor_bytes(value)
-        elif hasattr(value, "tensor") and isinstance(getattr(value, "tensor"),
-                                                     torch.Tensor):
-            total += _tensor_bytes([value.tensor])  # a P2POp
-    return total
+        return [(tensor_bytes([p2p]), operation(getattr(p2p.op, "__name__", op)))
+                for p2p in ops]
+    return [(nbytes, op)] * len(works)
 
 
 def install(recorder: Recorder) -> Recorder:
@@ -247,7 +237,7 @@ def install(recorder: Recorder) -> Recorder:
 def recording(recorder: Recorder):
     """`install(recorder)` for the length of a with-block, then put
     torch.distributed and DDP back as they were: for a simulation that runs
-    in this process (`ddp_teach.sim.one_rank`) rather than in a worker."""
+    in this process (`ddp_teach.sim.runtime.one_rank`) rather than in a worker."""
     global _recorder
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d

@@ -73,7 +73,7 @@ class Timeline:
         """clock: None for real time, else what the times simulate (e.g.
         "simulated A100 80GB + NVLink 4"), which every plot then says.
         lane: what an event's `rank` number names in tables and plots:
-        "rank" (a process), or "device" (ddp_teach.sim.gpus, where one
+        "rank" (a process), or "device" (ddp_teach.sim.runtime.dataparallel_gpus, where one
         process drives several GPUs)."""
         self.clock = clock
         self.lane = lane
@@ -236,7 +236,8 @@ class Timeline:
             trace.append({"ph": "X", "name": e.name, "cat": e.kind, "pid": e.rank,
                           "tid": TRACE_THREADS[e.kind][0],
                           "ts": (e.start - origin) * US, "dur": e.duration * US,
-                          "args": {"nbytes": e.nbytes, "emulated_s": e.emulated_s}})
+                          "args": {"nbytes": e.nbytes, "emulated_s": e.emulated_s,
+                                   "op": e.op}})
         with open(path, "w") as f:
             json.dump({"traceEvents": trace, "displayTimeUnit": "ms",
                        "otherData": {"clock_origin_s": origin}}, f)
@@ -250,7 +251,8 @@ class Timeline:
         return cls(Event(rank=t["pid"], name=t["name"], kind=t["cat"],
                          start=origin + t["ts"] / US,
                          end=origin + (t["ts"] + t["dur"]) / US,
-                         nbytes=t["args"]["nbytes"], emulated_s=t["args"]["emulated_s"])
+                         nbytes=t["args"]["nbytes"], emulated_s=t["args"]["emulated_s"],
+                         op=t["args"].get("op", ""))
                    for t in trace["traceEvents"] if t["ph"] == "X")
 
     @classmethod

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 from ddp_teach.tracing.events import COMM, Event
@@ -69,7 +70,7 @@ def read_events(paths, align: str = "collective") -> list[Event]:
         warnings.warn(NO_BYTES, stacklevel=3)
     events = [e for events in _aligned(per_rank, align).values() for e in events]
     origin = min(e.start for e in events)
-    return [Event(e.rank, e.name, e.kind, e.start - origin, e.end - origin, e.nbytes)
+    return [replace(e, start=e.start - origin, end=e.end - origin)
             for e in events]
 
 
@@ -135,8 +136,8 @@ def _aligned(per_rank: dict[int, list[Event]], align: str) -> dict[int, list[Eve
                           "on them may be wrong: profile the same steps on every "
                           "rank, or pass align='clock'", stacklevel=4)
         shifts = {r: reference.end - e.end for r, e in first.items()}
-    return {r: [Event(e.rank, e.name, e.kind, e.start + shifts[r], e.end + shifts[r],
-                      e.nbytes) for e in events] for r, events in per_rank.items()}
+    return {r: [replace(e, start=e.start + shifts[r], end=e.end + shifts[r])
+                 for e in events] for r, events in per_rank.items()}
 
 
 def _natural(path: Path):

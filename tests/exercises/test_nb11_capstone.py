@@ -11,7 +11,7 @@ import pytest
 
 import ddp_teach as dt
 from ddp_teach.exercises import nb11_capstone, reference_solution
-from ddp_teach.sim.hardware import LINKS
+from ddp_teach.sim.model.hardware import LINKS
 
 
 def ring(world_size):

@@ -1,6 +1,6 @@
 """tools/calibrate.py: every calibrated constant is what its evidence rows
 give (to the figures it is written with), every "calibrate" row is one a
-constant was solved from, and every such row, training runs included (on
+constant was solved from (as `calibrated.SOLVED_FROM` names them, by id), and every such row, training runs included (on
 meta tensors, as benchmarks/sim_vs_published.py runs them), comes back."""
 import importlib.util
 from dataclasses import replace
@@ -39,10 +39,10 @@ def test_every_stored_constant_is_what_its_rows_give(calibrate, result):
 
 def test_every_calibrate_row_names_a_constant_and_every_constant_a_calibrate_row(
         calibrate):
-    calibrate_rows = {row.what for row in calibrate.ROWS if row.role == "calibrate"}
+    calibrate_rows = {row.id for row in calibrate.ROWS if row.role == "calibrate"}
     named = {row for constant in calibrate.CONSTANTS for row in constant.rows}
     assert named == calibrate_rows
-    groups = {calibrate.BY_NAME[row].group for row in calibrate_rows}
+    groups = {calibrate.BY_ID[row].group for row in calibrate_rows}
     assert {"collective", "kernel", "training"} <= groups
 
 
@@ -71,21 +71,25 @@ def test_a_constant_moved_off_its_rows_is_reported(calibrate):
 
 
 def test_the_simulator_is_put_back_after_a_solve(calibrate, result):
-    from ddp_teach.sim import calibrated, comm, efficiency
-    from ddp_teach.sim.hardware import DEVICES
-    assert all(DEVICES[name].achieved is calibrated.ACHIEVED[name] for name in DEVICES)
+    from ddp_teach.sim.model import calibrated
+    from ddp_teach.sim.model.efficiency import Achieved
+    from ddp_teach.sim.model.hardware import DEVICES
+    assert all(DEVICES[name].achieved == Achieved(**calibrated.KERNEL_FRACTIONS[name])
+               for name in DEVICES)
     stored = {c.name: c.stored for c in calibrate.CONSTANTS}
-    assert comm.NVLS_CHUNK_S == stored["comm.NVLS_CHUNK_S"]
-    assert comm.ACHIEVED["nvls"] == stored["comm.ACHIEVED['nvls']"]
-    assert efficiency.EMULATED == stored["efficiency.EMULATED"]
+    assert calibrated.NVLS_CHUNK_S == stored["NVLS_CHUNK_S"]
+    assert calibrated.LINK_FRACTIONS["nvls"] == stored["LINK_FRACTIONS['nvls']"]
+    assert calibrated.EMULATED == stored["EMULATED"]
 
 
 def test_the_fractions_the_table_calls_copied_are_copies():
-    # calibrate.py's NOT_FROM_ROWS says these were taken from A100's, not solved
-    from ddp_teach.sim.calibrated import ACHIEVED
-    a100 = ACHIEVED["A100 80GB"]
-    assert (ACHIEVED["H100 SXM"].conv, ACHIEVED["H100 SXM"].conv_tf32) == \
-        (a100.conv, a100.conv_tf32)
-    for gpu in ("V100 SXM2", "T4", "RTX 4090"):
-        for field in ("memory", "attention", "conv", "conv_tf32", "sustained", "kernel_s"):
-            assert getattr(ACHIEVED[gpu], field) == getattr(a100, field), (gpu, field)
+    # calibrated.COPIED_FROM (and calibrate.py's NOT_FROM_ROWS) say these were
+    # taken from another preset's, not solved
+    from ddp_teach.sim.model.calibrated import COPIED_FROM, KERNEL_FRACTIONS, SOLVED_FROM
+    assert set(COPIED_FROM) == {"H100 SXM", "V100 SXM2", "T4", "RTX 4090"}
+    for gpu, (origin, fields) in COPIED_FROM.items():
+        for field in fields + ("kernel_s",):
+            assert KERNEL_FRACTIONS[gpu][field] == KERNEL_FRACTIONS[origin][field], \
+                (gpu, field)
+        # and a copied field is named by no constant of its own
+        assert not {f"{gpu}: {field}" for field in fields} & set(SOLVED_FROM)

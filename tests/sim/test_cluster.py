@@ -167,7 +167,7 @@ def test_bad_inputs_get_clear_errors():
 
 
 def test_nvls_moves_smaller_buffers_in_smaller_chunks_as_nccl_does():
-    from ddp_teach.sim.comm import nvls_chunk_bytes
+    from ddp_teach.sim.model.comm import nvls_chunk_bytes
     concurrent = 16 * 8      # NVLS channels x one head per GPU of a DGX H100
     mib = 2 ** 20
     assert [nvls_chunk_bytes(n, concurrent) for n in
@@ -177,7 +177,7 @@ def test_nvls_moves_smaller_buffers_in_smaller_chunks_as_nccl_does():
 
 
 def test_smaller_chunks_give_medium_nvls_all_reduces_less_of_the_bandwidth():
-    from ddp_teach.sim import comm
+    from ddp_teach.sim.model import comm
     dgx = cluster("DGX H100")
     mib = 2 ** 20
     rates = {n: n / comm.collective_seconds("all_reduce", n, 8, dgx, "nvls")
@@ -188,7 +188,7 @@ def test_smaller_chunks_give_medium_nvls_all_reduces_less_of_the_bandwidth():
 def test_below_one_round_nvls_fills_channels_one_by_one_so_its_time_stays_flat():
     # channel c takes bytes [c, c + 1) x 8 heads x 16 KiB: from 128 KiB to 2 MiB
     # the busiest channel always holds 128 KiB (Azure's run: 42-45 us throughout)
-    from ddp_teach.sim import comm
+    from ddp_teach.sim.model import comm
     dgx = cluster("DGX H100")
     kib = 1024
     times = {n: comm.collective_seconds("all_reduce", n * kib, 8, dgx, "nvls")

@@ -6,9 +6,10 @@ import torch
 import torch.nn.functional as F
 
 import ddp_teach as dt
-from ddp_teach.sim import Simulation, predict
-from ddp_teach.sim.charges import attention_seconds
-from ddp_teach.sim.runtime import SimulatedRecorder
+from ddp_teach.sim import Simulation
+from ddp_teach.sim.schedules import predict
+from ddp_teach.sim.runtime.charges import attention_seconds
+from ddp_teach.sim.runtime.recorder import SimulatedRecorder
 
 SIMULATIONS = [Simulation("H100 SXM", cluster="DGX H100"),
                Simulation("A100 80GB", "NVLink 4")]

@@ -3,7 +3,7 @@ import pytest
 
 from ddp_teach.cost import Link
 from ddp_teach.sim import DEVICES, LINKS, Simulation, device, link
-from ddp_teach.sim.hardware import Device
+from ddp_teach.sim.model.hardware import Device
 
 
 def test_the_roofline_takes_the_slower_of_arithmetic_and_memory_plus_a_launch():

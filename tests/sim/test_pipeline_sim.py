@@ -8,7 +8,8 @@ from torch import nn
 
 import ddp_teach as dt
 from ddp_teach.cost import Link, collective_time
-from ddp_teach.sim import Simulation, predict
+from ddp_teach.sim import Simulation
+from ddp_teach.sim.schedules import predict
 
 SIM = Simulation("A100 80GB", "PCIe 4 x16")
 WIDTH, BATCH = 64, 48

@@ -5,8 +5,8 @@ import statistics
 
 import pytest
 
-from ddp_teach.sim import published
-from ddp_teach.sim.measurement import HIGH, LOW
+from ddp_teach.sim.evidence import published
+from ddp_teach.sim.evidence.measurement import HIGH, LOW
 
 ROWS = published.table()
 

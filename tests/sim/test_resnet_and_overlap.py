@@ -5,7 +5,8 @@ import torch
 
 from ddp_teach.cost import Link
 from ddp_teach.models import resnet50
-from ddp_teach.sim import Simulation, predict
+from ddp_teach.sim import Simulation
+from ddp_teach.sim.schedules import predict
 
 
 def test_resnet50_has_the_papers_parameter_count_and_runs():

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddp_teach as dt
-from ddp_teach.sim import Simulation, predict
+from ddp_teach.sim import Simulation
+from ddp_teach.sim.schedules import predict
 
 WIDTH, DEPTH, BATCH, STEPS = 256, 4, 32, 2
 CAPS_MB = [0.25, 1, 4, 100, None]

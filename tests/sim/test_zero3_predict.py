@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_teach as dt
-from ddp_teach.sim import Simulation, one_rank, predict
+from ddp_teach.sim import Simulation, one_rank
+from ddp_teach.sim.schedules import predict
 
 WORLD = 8
 

@@ -15,8 +15,9 @@ def compute(rank, start, end, name="work"):
     return Event(rank, name, COMPUTE, start, end)
 
 
-def comm(rank, start, end, name="gloo:all_reduce", nbytes=1024, emulated_s=0.0):
-    return Event(rank, name, COMM, start, end, nbytes, emulated_s)
+def comm(rank, start, end, name="gloo:all_reduce", nbytes=1024, emulated_s=0.0,
+         op="all_reduce"):
+    return Event(rank, name, COMM, start, end, nbytes, emulated_s, op)
 
 
 def ddp_step(rank, skew=0.0, slow_bucket=None):
@@ -147,7 +148,8 @@ def test_chrome_trace_is_json_in_microseconds_with_named_lanes(tmp_path):
         ("forward", COMPUTE, 0, 0), ("gloo:all_reduce", COMM, 1, 1)]
     assert [t["ts"] for t in spans] == pytest.approx([0, 1000], abs=1e-3)
     assert [t["dur"] for t in spans] == pytest.approx([2000, 3000], abs=1e-3)
-    assert spans[1]["args"] == {"nbytes": 64, "emulated_s": pytest.approx(0.001)}
+    assert spans[1]["args"] == {"nbytes": 64, "emulated_s": pytest.approx(0.001),
+                                "op": "all_reduce"}
     names = {(t["name"], t["pid"], t["tid"]): t["args"]["name"]
              for t in trace["traceEvents"] if t["ph"] == "M"}
     assert names[("process_name", 1, 0)] == "rank 1"
@@ -162,7 +164,7 @@ def test_chrome_trace_round_trips_within_a_microsecond(tmp_path):
     back = Timeline.from_chrome_trace(path)
     assert len(back) == len(original)
     for a, b in zip(original, back):
-        assert (a.rank, a.name, a.kind, a.nbytes) == (b.rank, b.name, b.kind, b.nbytes)
+        assert (a.rank, a.name, a.kind, a.nbytes, a.op) == (b.rank, b.name, b.kind, b.nbytes, b.op)
         assert (b.start, b.end, b.emulated_s) == pytest.approx(
             (a.start, a.end, a.emulated_s), abs=1e-6)
 

@@ -3,7 +3,7 @@
 `VirtualWork` wraps the real work of an async collective (`dist.*(...,
 async_op=True)`) in a simulated run: the data moves for real, and waiting
 for it moves the rank's compute stream to the collective's virtual end
-(`ddp_teach.sim.runtime`).
+(`ddp_teach.sim.runtime.recorder`).
 """
 import torch
 

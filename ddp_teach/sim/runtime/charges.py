@@ -7,7 +7,7 @@ Two ways to charge it:
   `torch.utils.flop_counter` registry (matrix products, convolutions,
   attention), bytes from the operation's tensors;
 - as achieved (`compute="achieved"`): by kind of kernel, with the fractions
-  of `ddp_teach.sim.efficiency`: matrix products by their shape (tiles and
+  of `ddp_teach.sim.model.efficiency`: matrix products by their shape (tiles and
   waves), convolutions, and everything else at the memory bandwidth real
   kernels reach.
 
@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from ddp_teach.sim import efficiency
+from ddp_teach.sim.model import efficiency
 
 aten = torch.ops.aten
 FREE_OPS = {aten.empty, aten.empty_strided, aten.empty_like, aten.detach,

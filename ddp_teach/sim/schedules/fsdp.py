@@ -20,7 +20,7 @@ course's FSDP under those rules:
 - collectives queue on one channel in issue order, and compute that runs
   beside one is slowed by the device's `overlap_slowdown` (achieved compute).
 """
-from ddp_teach.sim.efficiency import overlapped_end
+from ddp_teach.sim.model.efficiency import overlapped_end
 from ddp_teach.tracing.events import COMPUTE
 
 
@@ -34,8 +34,7 @@ def fsdp2(profile, world_size: int, simulation) -> float:
             items.append(("optimizer" if event.name == "optimizer" else "compute",
                           event.duration))
         else:
-            op = "reduce_scatter" if event.name.endswith("reduce-scatter") else "all_gather"
-            items.append((op, event.nbytes))
+            items.append((event.op, event.nbytes))
     achieved = simulation.achieved
     slowdown = achieved.overlap_slowdown if achieved is not None else 1.0
     clock = channel_free = 0.0

@@ -9,8 +9,8 @@ Two models of the wires, from the simple to the real:
 - `Simulation(device, cluster=...)`: rank r on node r // gpus_per_node of a
   `Cluster`; each collective charged as NCCL runs it (its choice of
   algorithm and protocol, hierarchical when the ranks span nodes:
-  `ddp_teach.sim.comm`), and devices as real kernels run them, with a host
-  that issues each eager operation (`ddp_teach.sim.efficiency`).
+  `ddp_teach.sim.model.comm`), and devices as real kernels run them, with a host
+  that issues each eager operation (`ddp_teach.sim.model.efficiency`).
 
 `compute` picks the devices' model either way: "peak" (datasheet
 roofline, no host time) or "achieved"; by default "peak" with a link and
@@ -18,16 +18,16 @@ roofline, no host time) or "achieved"; by default "peak" with a link and
 achieved compute charges `scaled_dot_product_attention` as: "flash"
 (FlashAttention-2, what torch up to 2.10 runs) or "cudnn" (what torch 2.11
 and later run on Hopper GPUs); None, torch's own choice on the device
-(`ddp_teach.sim.efficiency`). A run that reproduces a published one names
+(`ddp_teach.sim.model.efficiency`). A run that reproduces a published one names
 the kernel that run used.
 """
 from dataclasses import dataclass
 
 from ddp_teach import cost
-from ddp_teach.sim import comm
-from ddp_teach.sim.cluster import Cluster, cluster as cluster_preset
-from ddp_teach.sim.efficiency import Achieved, attention_kernel
-from ddp_teach.sim.hardware import LINKS, Device, device, link
+from ddp_teach.sim.model import comm
+from ddp_teach.sim.model.cluster import Cluster, cluster as cluster_preset
+from ddp_teach.sim.model.efficiency import Achieved, attention_kernel
+from ddp_teach.sim.model.hardware import LINKS, Device, device, link
 
 COMPUTE_MODES = ("peak", "achieved")
 

@@ -6,7 +6,7 @@ or PCIe, and nodes talk through their network cards, several per node.
 NCCL, the library that runs collectives on NVIDIA GPUs, spreads its rings
 and trees over all of a node's NICs, so what a node can send is the sum of
 them, and a collective whose ranks share a node never touches the network.
-`Cluster` describes that; `ddp_teach.sim.nccl` turns it into collective
+`Cluster` describes that; `ddp_teach.sim.model.nccl` turns it into collective
 times. Rank r sits on node r // gpus_per_node.
 
 Bandwidths are the numbers NCCL's own topology code gives the links

@@ -51,14 +51,16 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 
 from ddp_teach import compat
-from ddp_teach.sim.attention import fused_attention
-from ddp_teach.sim.charges import ChargeEveryOp, tensors_in
-from ddp_teach.sim.efficiency import overlapped_end
-from ddp_teach.sim.works import VirtualWork, in_backward
+from ddp_teach.sim.runtime.attention import fused_attention
+from ddp_teach.sim.runtime.charges import ChargeEveryOp
+from ddp_teach.sim.model.efficiency import overlapped_end
+from ddp_teach.sim.runtime.works import VirtualWork, in_backward
 from ddp_teach.tracing.events import COMM, COMPUTE
+from ddp_teach.tracing.operations import call_bytes, operation
 from ddp_teach.tracing.recorder import Recorder
 
-# torch.distributed call -> (cost model op, which argument holds the bytes)
+# torch.distributed call -> (cost model op, the argument holding its buffer); an
+# event's op and nbytes are `tracing.operations`', as a traced run's are
 COLLECTIVES = {
     "all_reduce": ("all_reduce", "tensor"),
     "broadcast": ("broadcast", "tensor"),
@@ -178,15 +180,14 @@ class SimulatedRecorder(Recorder):
         if self.achieved is not None:
             self.host += self.achieved.host_s_per_op  # the launch
         try:
+            nbytes = call_bytes(name, call, args, kwargs)  # what a traced run counts
             if name in POINT_TO_POINT:
-                nbytes = _nbytes(bound.arguments["tensor"])
                 start = self._agreed_with_peer(name, bound.arguments)
                 end = start + self.simulation.p2p_seconds(
                     nbytes, self.rank, bound.arguments[POINT_TO_POINT[name]])
             else:
                 op, data = COLLECTIVES[name]
                 group = bound.arguments.get("group")
-                nbytes = _nbytes(bound.arguments.get(data)) if data else 0
                 start = self._agreed_start(group)
                 end = start + self.simulation.collective_seconds(
                     op, nbytes, _global_ranks(group))
@@ -198,7 +199,7 @@ class SimulatedRecorder(Recorder):
             local.depth = 0
             self.charging = True
         self.add(getattr(local, "label", None) or compat.traced_name(name), COMM, start,
-                 end, nbytes)
+                 end, nbytes, op=operation(name))
         if bound.arguments.get("async_op"):
             self._pending.append(result)
             tensor = bound.arguments.get(data) if name in COLLECTIVES else None
@@ -272,14 +273,10 @@ def _global_ranks(group) -> list:
 
 
 def _is_fake(group) -> bool:
-    """True in torch's fake process group (`ddp_teach.sim.one_rank`): one
+    """True in torch's fake process group (`ddp_teach.sim.runtime.one_rank`): one
     process stands for every rank, and all of them are assumed to issue
     each call when it does."""
     return dist.get_backend(group) == "fake"
-
-
-def _nbytes(value) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors_in(value))
 
 
 @functools.cache

@@ -1,11 +1,11 @@
 """Collective and point-to-point times on a simulated cluster, as runs measure them.
 
-`ddp_teach.sim.nccl` says which algorithm NCCL picks and what NCCL's own
+`ddp_teach.sim.model.nccl` says which algorithm NCCL picks and what NCCL's own
 model estimates; its latencies agree with measurements, but real runs move
 bytes more slowly than its bandwidth estimates, by an amount that depends
 on the algorithm. So a collective is charged
 
-    NCCL's latency + bytes / (NCCL's bandwidth x ACHIEVED[kind])
+    NCCL's latency + bytes / (NCCL's bandwidth x LINK_FRACTIONS[kind])
 
 with `kind` one of four, each fraction solved from ONE published
 measurement (a "calibrate" row of `benchmarks/sim_vs_published.md`):
@@ -36,7 +36,7 @@ reduces, then multicasts), so one chunk's time fills the pipeline. So an
 NVLS collective takes NCCL's latency + (k + 1) chunk times, for k >= 1
 rounds of chunks, and medium buffers, in smaller chunks, reach less of the
 bandwidth: at 16 MiB about half of what 8 GiB reaches. The per-chunk cost
-`NVLS_CHUNK_S` and the "nvls" fraction are solved together from two rows
+`calibrated.NVLS_CHUNK_S` and the "nvls" fraction are solved together from two rows
 of the Azure run, 8 GiB (above) and 64 MiB at 361.78 GB/s busbw; the cost
 is rounded to two figures and the fraction solved again from the 8 GiB row
 with it (the repository's `tools/calibrate.py` re-solves every constant
@@ -52,9 +52,9 @@ shows (42-45 us). (NCCL 2.19 and later divide a buffer among the channels
 before the kernel runs, by rules not modelled here; NCCL's own choice at
 these sizes is a ring with LL, not NVLS, so only a forced NVLS all-reduce
 meets this.) The busiest channel's bytes then set the time, at its 1/16 of
-the bandwidth, and a chunk costs `NVLS_ONE_CHANNEL_S` with one channel
-working, rising linearly to `NVLS_CHUNK_S` with all of them (a stated
-assumption: the channels share the switch). `NVLS_ONE_CHANNEL_S` is solved
+the bandwidth, and a chunk costs `calibrated.NVLS_ONE_CHANNEL_S` with one channel
+working, rising linearly to `calibrated.NVLS_CHUNK_S` with all of them (a stated
+assumption: the channels share the switch). `calibrated.NVLS_ONE_CHANNEL_S` is solved
 from the Azure run's 128 KiB row, where exactly one channel works; none of
 the others saw either constant.
 
@@ -65,14 +65,13 @@ the same achieved fractions.
 """
 import math
 
-from ddp_teach.sim import nccl
-from ddp_teach.sim.cluster import NVLINK
+from ddp_teach.sim.model import calibrated, nccl
+from ddp_teach.sim.model.cluster import NVLINK
 
-ACHIEVED = {"in node": 0.991, "nvls": 0.974, "across nodes": 0.907,
-            "nvls tree": 0.549}
+# The calibrated numbers (`calibrated.LINK_FRACTIONS`, `calibrated.NVLS_CHUNK_S`,
+# `calibrated.NVLS_ONE_CHANNEL_S`) are read from `calibrated` when a time is computed,
+# so that tools/calibrate.py can try other values.
 NVLS_CHANNELS = 16        # NCCL_NVLS_NCHANNELS' default (src/transport/nvls.cc)
-NVLS_CHUNK_S = 5.4e-6        # a chunk's fixed cost, all channels working (module doc)
-NVLS_ONE_CHANNEL_S = 1.8e-6  # the same, one channel alone working
 
 
 def kind_of(plan, nodes: int) -> str:
@@ -95,7 +94,7 @@ def collective_seconds(op: str, nbytes: float, ranks, cluster,
     plan = nccl.choose(op, nbytes, len(ranks), nodes, cluster, algorithm)
     if len(ranks) == 1:
         return 0.0
-    bandwidth = plan.bandwidth * ACHIEVED[kind_of(plan, nodes)]
+    bandwidth = plan.bandwidth * calibrated.LINK_FRACTIONS[kind_of(plan, nodes)]
     if plan.algorithm == "nvls":
         return plan.latency_s + nvls_chunks_seconds(nbytes, bandwidth, len(ranks) // nodes)
     return plan.latency_s + nbytes / bandwidth
@@ -120,9 +119,10 @@ def nvls_chunks_seconds(nbytes: float, bandwidth: float, gpus_per_node: int) -> 
     channel_bandwidth = bandwidth / NVLS_CHANNELS
     rounds = nbytes / (per_channel * NVLS_CHANNELS)
     if rounds >= 1:
-        return (rounds + 1) * (per_channel / channel_bandwidth + NVLS_CHUNK_S)
+        return (rounds + 1) * (per_channel / channel_bandwidth + calibrated.NVLS_CHUNK_S)
     working = math.ceil(nbytes / per_channel)  # the first channels, the others idle
-    chunk_s = NVLS_ONE_CHANNEL_S + (NVLS_CHUNK_S - NVLS_ONE_CHANNEL_S) \
+    one, every = calibrated.NVLS_ONE_CHANNEL_S, calibrated.NVLS_CHUNK_S
+    chunk_s = one + (every - one) \
         * (working - 1) / (NVLS_CHANNELS - 1)
     return 2 * (min(nbytes, per_channel) / channel_bandwidth + chunk_s)
 
@@ -141,10 +141,10 @@ def p2p_seconds(nbytes: float, source: int, target: int, cluster) -> float:
     ring_simple = nccl.PROTOCOLS.index("Simple")
     if nodes == 1:
         hop = nccl.HOP_LATENCY_US["NVLink" if cluster.fabric == NVLINK else "PCIe"]
-        bandwidth = cluster.fabric_bandwidth * ACHIEVED["in node"]
+        bandwidth = cluster.fabric_bandwidth * calibrated.LINK_FRACTIONS["in node"]
     else:
         hop = nccl.HOP_LATENCY_US["net"]
         share = cluster.network_bandwidth / cluster.gpus_per_node
-        bandwidth = min(share, cluster.fabric_bandwidth) * ACHIEVED["across nodes"]
+        bandwidth = min(share, cluster.fabric_bandwidth) * calibrated.LINK_FRACTIONS["across nodes"]
     latency_us = nccl.BASE_LATENCY_US["ring"][ring_simple] + hop["ring"][ring_simple]
     return latency_us * 1e-6 + nbytes / bandwidth

@@ -30,7 +30,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from ddp_teach.sim.charges import attention_seconds
+from ddp_teach.sim.runtime.charges import attention_seconds
 
 OPTIONS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 

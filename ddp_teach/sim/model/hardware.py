@@ -22,7 +22,7 @@ tensor, 8.1 TFLOP/s fp32, 320 GB/s GDDR6, 16 GB; no bf16).
 fp32's range, 10 bits of mantissa), on Ampere and later GPUs: torch uses it
 for fp32 convolutions by default, and for fp32 matrix products only when a
 program asks (`torch.set_float32_matmul_precision("high")`);
-`ddp_teach.sim.charges.math_type` follows those settings. Link
+`ddp_teach.sim.runtime.charges.math_type` follows those settings. Link
 bandwidths are per direction: NVLink 4 450 GB/s, PCIe 4.0 x16 31.5 GB/s
 (PCI-SIG), InfiniBand NDR 400 Gb/s = 50 GB/s, Ethernet 100 and 10 Gb/s.
 
@@ -33,16 +33,16 @@ latency is microseconds inside a node, tens of them across Ethernet). They
 are parameters: build a `Device` or a `Link` of your own to change them.
 
 Each preset also carries `achieved`: what real kernels reach on it
-(`ddp_teach.sim.efficiency`, with the fractions of
-`ddp_teach.sim.calibrated`), which a `Simulation(compute="achieved")`
+(`ddp_teach.sim.model.efficiency`, with the fractions of
+`ddp_teach.sim.model.calibrated`), which a `Simulation(compute="achieved")`
 charges instead of the datasheet roofline.
 """
 import math
 from dataclasses import dataclass, field
 
 from ddp_teach.cost import Link
-from ddp_teach.sim.calibrated import ACHIEVED
-from ddp_teach.sim.efficiency import Achieved
+from ddp_teach.sim.model.calibrated import KERNEL_FRACTIONS
+from ddp_teach.sim.model.efficiency import Achieved
 
 TFLOPS, GBPS = 1e12, 1e9
 
@@ -69,7 +69,7 @@ class Device:
         if not (self.launch_s >= 0 and math.isfinite(self.launch_s)):
             raise ValueError(f"launch_s must be >= 0 seconds; got {self.launch_s!r}")
         if self.achieved is not None and not isinstance(self.achieved, Achieved):
-            raise TypeError("achieved must be a ddp_teach.sim.efficiency.Achieved "
+            raise TypeError("achieved must be a ddp_teach.sim.model.efficiency.Achieved "
                             f"or None; got {type(self.achieved).__name__}")
 
     def op_seconds(self, flops: float, nbytes: float, dtype: str = "float32") -> float:
@@ -84,24 +84,24 @@ DEVICES = {
                                      "bfloat16": 989.4 * TFLOPS,
                                      "float16": 989.4 * TFLOPS},
                        memory_bandwidth=3350 * GBPS, memory_bytes=80e9,
-                       achieved=ACHIEVED["H100 SXM"]),
+                       achieved=Achieved(**KERNEL_FRACTIONS["H100 SXM"])),
     "A100 80GB": Device("A100 80GB", {"float32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
                                        "bfloat16": 312 * TFLOPS,
                                        "float16": 312 * TFLOPS},
                         memory_bandwidth=2039 * GBPS, memory_bytes=80e9,
-                        achieved=ACHIEVED["A100 80GB"]),
+                        achieved=Achieved(**KERNEL_FRACTIONS["A100 80GB"])),
     "RTX 4090": Device("RTX 4090", {"float32": 82.6 * TFLOPS, "tf32": 82.6 * TFLOPS,
                                      "bfloat16": 165.2 * TFLOPS,
                                      "float16": 165.2 * TFLOPS},
                        memory_bandwidth=1008 * GBPS, memory_bytes=24e9,
-                       achieved=ACHIEVED["RTX 4090"]),
+                       achieved=Achieved(**KERNEL_FRACTIONS["RTX 4090"])),
     "V100 SXM2": Device("V100 SXM2", {"float32": 15.7 * TFLOPS,
                                        "float16": 125 * TFLOPS},
                         memory_bandwidth=900 * GBPS, memory_bytes=32e9,
-                        achieved=ACHIEVED["V100 SXM2"]),
+                        achieved=Achieved(**KERNEL_FRACTIONS["V100 SXM2"])),
     "T4": Device("T4", {"float32": 8.1 * TFLOPS, "float16": 65 * TFLOPS},
                  memory_bandwidth=320 * GBPS, memory_bytes=16e9,
-                 achieved=ACHIEVED["T4"]),
+                 achieved=Achieved(**KERNEL_FRACTIONS["T4"])),
 }
 
 LINKS = {

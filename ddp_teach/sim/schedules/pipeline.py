@@ -4,7 +4,7 @@
 al., NeurIPS 2019) from each stage's times (`pipeline_stage`): every
 blocking send waits for its recv and the link, so a stage idles until its
 neighbour is ready; with equal stages and a free link the idle share is
-GPipe's (p - 1) / (m + p - 1). Part of `ddp_teach.sim.predict`.
+GPipe's (p - 1) / (m + p - 1). Part of `ddp_teach.sim.schedules.predict`.
 """
 from dataclasses import dataclass
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_teach.cost import Link, collective_time
-from ddp_teach.sim.runtime import SimulatedRecorder
+from ddp_teach.sim.runtime.recorder import SimulatedRecorder
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,17 @@
 
 Each function here gives the figure a benchmark program reports, for the
 configuration it ran, as the simulator predicts it: nccl-tests' busbw or
-time of one collective on a cluster preset (`ddp_teach.sim.comm`), the
+time of one collective on a cluster preset (`ddp_teach.sim.model.comm`), the
 TFLOP/s of a matrix product or of fused attention, and STREAM's TB/s, at
-the achieved rates a short benchmark reaches (`ddp_teach.sim.efficiency`,
-burst=True: no sustained-load discount). `ddp_teach.sim.published` sets
+the achieved rates a short benchmark reaches (`ddp_teach.sim.model.efficiency`,
+burst=True: no sustained-load discount). `ddp_teach.sim.evidence.published` sets
 them beside the published figures.
 """
 from ddp_teach import cost
-from ddp_teach.sim import efficiency, predict
-from ddp_teach.sim.hardware import DEVICES
-from ddp_teach.sim.simulation import Simulation
+from ddp_teach.sim.model import efficiency
+from ddp_teach.sim.schedules import predict
+from ddp_teach.sim.model.hardware import DEVICES
+from ddp_teach.sim.model.simulation import Simulation
 
 
 def busbw(cluster, op, nbytes, ranks, algorithm=None):
@@ -44,6 +45,11 @@ def stream_tbps(device, arrays, elements=2 ** 28, element_bytes=8):
     nbytes = arrays * elements * element_bytes
     return nbytes / efficiency.rate_seconds(d, d.achieved, "memory", 0, nbytes,
                                             burst=True) / 1e12
+
+
+def host_us_per_op(device):
+    """Microseconds of host time the simulator charges to issue one eager op."""
+    return DEVICES[device].achieved.host_s_per_op * 1e6
 
 
 def attention_tflops(device, batch, heads, length, head_dim, forward_only=False,

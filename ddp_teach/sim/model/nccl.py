@@ -23,15 +23,15 @@ latency per link type (NVLink, PCIe, network) times the hops; its bandwidth
 is the channels x per-channel bandwidth of the topology NCCL found, capped
 per protocol and generation and turned into "algorithm bandwidth" (bytes
 of the buffer per second). Where NCCL measures the topology, we take a
-`ddp_teach.sim.cluster.Cluster`'s figures: per-channel bandwidth = the
+`ddp_teach.sim.model.cluster.Cluster`'s figures: per-channel bandwidth = the
 fabric's (or the NICs', if lower) over the channels. A time here is NCCL's
 *estimate*, which is what its choice rests on; how close real runs come to
-it is `ddp_teach.sim.comm`'s business.
+it is `ddp_teach.sim.model.comm`'s business.
 """
 import math
 from dataclasses import dataclass
 
-from ddp_teach.sim.cluster import NVLINK
+from ddp_teach.sim.model.cluster import NVLINK
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree")

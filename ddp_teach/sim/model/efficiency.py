@@ -6,7 +6,7 @@ reach about 80% of an H100's peak, a streaming kernel about 88% of its
 memory bandwidth, fused attention about a third of peak, and a kernel
 never takes less than a few microseconds. `Achieved` holds those fractions
 for one GPU, each calibrated on one published measurement (the presets of
-`ddp_teach.sim.calibrated` name theirs; `benchmarks/sim_vs_published.md`
+`ddp_teach.sim.model.calibrated` name theirs; `benchmarks/sim_vs_published.md`
 shows them with the measurements they are checked against), and the
 functions here use them:
 
@@ -19,13 +19,13 @@ functions here use them:
   `matmul` x its share of the peak on the tensor cores; fp32 products run
   on the CUDA cores at `matmul_fp32` of the fp32 peak (nearly all of it on
   an A100, less on an H100), and a 16-bit type the GPU has no units for
-  (bf16 on a T4 or a V100) at `EMULATED` of that;
+  (bf16 on a T4 or a V100) at `calibrated.EMULATED` of that;
 - convolutions (cuDNN) on the tensor cores at `conv` x peak (fp32 ones,
   which torch runs in TF32 on Ampere and later GPUs, at `conv_tf32` x the
   TF32 peak), and on the CUDA cores (fp32 where a GPU has no TF32 or it is
   turned off) at `conv_fp32` x the fp32 peak; cuDNN picks its fastest
   kernel, so that is the floor for every type the GPU has units for, and a
-  16-bit type it has none for runs at `EMULATED` of it;
+  16-bit type it has none for runs at `calibrated.EMULATED` of it;
 - fused attention at the fraction
   of the kernel that runs it (below); everything else streams its bytes at
   `memory` x the memory bandwidth; whichever of arithmetic and bytes is
@@ -57,7 +57,7 @@ tokens, FlashAttention-2 87-100%).
 The host side: an eager PyTorch program issues one kernel per operation
 from Python, and each costs `host_s_per_op` of CPU time whatever its size
 (dispatch and launch); a kernel starts when the host has issued it and
-the stream is free (`ddp_teach.sim.runtime`), so a model of small layers
+the stream is free (`ddp_teach.sim.runtime.recorder`), so a model of small layers
 runs at the host's pace. And `overlap_slowdown`: compute that runs while a
 collective does is that much slower, since NCCL's kernels take SMs and
 memory bandwidth from it.
@@ -65,24 +65,22 @@ memory bandwidth from it.
 import math
 from dataclasses import dataclass
 
+from ddp_teach.sim.model import calibrated
+
 # tile shapes (rows x columns of the output) that cuBLAS's kernels use
 TILES = ((256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64),
          (64, 128))
 
 
 ATTENTION_KERNELS = ("flash", "cudnn")
-# a 16-bit product on a GPU with no units for its dtype (bf16 before Ampere:
-# V100, T4) is converted and multiplied on the CUDA cores, at this share of
-# the fp32 product's rate (the survey named below: T4 2.46 against 4.17
-# TFLOP/s; its other GPUs without bf16 units, from P100 to RTX 2080 and the
-# T4 on Kaggle, 0.51 to 0.63; V100S 0.73)
-EMULATED = 0.59
+# A 16-bit product on a GPU with no units for its dtype (bf16 before Ampere:
+# V100, T4) is converted and multiplied on the CUDA cores, at
+# `calibrated.EMULATED` of the fp32 product's rate (the survey's T4: 2.46
+# against 4.17 TFLOP/s; its other GPUs without bf16 units, from P100 to RTX
+# 2080 and the T4 on Kaggle, 0.51 to 0.63; V100S 0.73). A causal mask keeps
+# `calibrated.CAUSAL` of a fused attention kernel's full-mask rate (cuDNN 9.1,
+# batch 2, 16 heads of 128, 8192 tokens, bf16, on an H200, H100's chip).
 SIXTEEN_BIT = ("float16", "bfloat16")
-# causal: cuDNN 9.1's fused attention forward and backward, batch 2, 16 heads
-# of 128, 8192 tokens, bf16, on an H200 (H100's chip) with clocks locked:
-# 490.3 TFLOP/s causal (FLOPs halved) against 563.7 without a mask
-# (NVIDIA/cudnn-frontend, benchmark/benchmark_results.csv)
-CAUSAL = 490.3 / 563.7
 
 
 @dataclass(frozen=True)
@@ -103,11 +101,11 @@ class Achieved:
     attention: float
     conv: float
     kernel_s: float
-    host_s_per_op: float = 7e-6
-    overlap_slowdown: float = 1.189
+    host_s_per_op: float = calibrated.HOST_S_PER_OP
+    overlap_slowdown: float = calibrated.OVERLAP_SLOWDOWN
     sustained: float = 1.0
     attention_cudnn: float | None = None
-    causal: float = CAUSAL
+    causal: float = calibrated.CAUSAL
     matmul_fp32: float | None = None
     conv_tf32: float | None = None
     conv_fp32: float | None = None
@@ -166,7 +164,7 @@ def matmul_seconds(device, achieved: Achieved, m: int, n: int, k: int,
     """A (batch of) m x k by k x n product: the fewest waves of tiles, each
     SM at its share of the peak times `matmul` (tensor cores) or
     `matmul_fp32` (CUDA cores: fp32, and 16-bit types the GPU has no units
-    for, at EMULATED of that); or its bytes, if they take longer.
+    for, at calibrated.EMULATED of that); or its bytes, if they take longer.
     burst: as a kernel benchmark runs it, else as a training run does."""
     if min(m, n, k, batch) <= 0:
         return achieved.kernel_s
@@ -175,7 +173,7 @@ def matmul_seconds(device, achieved: Achieved, m: int, n: int, k: int,
     if dtype not in device.flops or dtype == "float32":  # on the CUDA cores
         fraction = achieved.matmul_fp32 or fraction
         if dtype in SIXTEEN_BIT:  # converted first: no units of its own
-            fraction *= EMULATED
+            fraction *= calibrated.EMULATED
     per_sm = _peak(device, dtype) * fraction / achieved.sms
     tile_flops = min(math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn)
                                / achieved.sms) * 2 * tm * tn * k for tm, tn in TILES)
@@ -233,10 +231,10 @@ def _conv_rate(device, achieved: Achieved, dtype: str) -> float:
     has, so a convolution the tensor cores run (16-bit, TF32) is never
     slower than the CUDA cores' fp32 one (a gaming card's tensor cores are
     not far ahead of its CUDA cores); a 16-bit type the GPU has no units
-    for is converted and computed on the CUDA cores, at EMULATED of that."""
+    for is converted and computed on the CUDA cores, at calibrated.EMULATED of that."""
     cuda_cores = device.flops["float32"] * (achieved.conv_fp32 or achieved.conv)
     if dtype not in device.flops:
-        return cuda_cores * (EMULATED if dtype in SIXTEEN_BIT else 1.0)
+        return cuda_cores * (calibrated.EMULATED if dtype in SIXTEEN_BIT else 1.0)
     if dtype == "float32":
         return cuda_cores
     share = (achieved.conv_tf32 if dtype == "tf32" else None) or achieved.conv

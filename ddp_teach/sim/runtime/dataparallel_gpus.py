@@ -49,8 +49,8 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ddp_teach.sim.charges import FREE_OPS, kernel_seconds, tensors_in
-from ddp_teach.sim.works import in_backward
+from ddp_teach.sim.runtime.charges import FREE_OPS, kernel_seconds, tensors_in
+from ddp_teach.sim.runtime.works import in_backward
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 from ddp_teach.tracing.timeline import Timeline
 
@@ -283,7 +283,7 @@ class SimulatedGPUs:
             self._streams[target] = max(self._streams[target], end)
             name = f"{label} {source}\u2192{target}"
             for d in (source, target):
-                self._add_copy(Event(d, name, COMM, start, end, nbytes))
+                self._add_copy(Event(d, name, COMM, start, end, nbytes, op="copy"))
         self._tags[copy] = target
         with self._turns:
             self._turns.notify_all()

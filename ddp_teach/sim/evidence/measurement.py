@@ -2,10 +2,11 @@
 
 What a row of the validation table is (`Measurement`), the tolerance every
 row is held to (`LOW`, `HIGH`), and how a table of rows is simulated
-(`table`). The rows themselves live where their sources are named:
-collectives and kernels in `ddp_teach.sim.published` (products and
-copies on many GPUs in `ddp_teach.sim.gpu_surveys`), whole training
-runs in the repository's `benchmarks/published_rows.py`.
+(`table`). The rows themselves are data, in `ddp_teach/sim/evidence/`
+(`evidence.loader` reads them): collectives and kernels, which
+`ddp_teach.sim.evidence.published` simulates (products and copies on many GPUs
+through `ddp_teach.sim.evidence.gpu_surveys`), and whole training runs, which the
+repository's `benchmarks/published_rows.py` simulates.
 
 role "calibrate": a constant of the simulator was solved from this row, so
 its ratio is about 1 by construction; "validate": no constant saw it, so its
@@ -23,7 +24,8 @@ class Measurement:
 
     group: "collective", "kernel", "training" or "inference"; role: "calibrate" or
     "validate" (see the module's doc); note: why the simulator misses it,
-    where it does."""
+    where it does; id: the row's id in its evidence file, by which
+    `ddp_teach.sim.model.calibrated` names the rows its constants were solved from."""
     group: str
     what: str
     config: str
@@ -33,6 +35,7 @@ class Measurement:
     role: str
     simulate: Callable[[], float]
     note: str = ""
+    id: str = ""
 
     def ratio(self, simulated: float) -> float:
         """simulated / published, in the row's unit (a time or a rate)."""

@@ -6,7 +6,7 @@ need neither: every rank of ZeRO-3 or DDP runs the same program on the same
 shapes, so one rank's timeline is everyone's. `one_rank` runs `fn(0,
 world_size)` here, as rank 0 of torch's *fake* process group (collectives
 return at once and move nothing) with the simulated clock of
-`ddp_teach.sim.runtime`: every operation is charged its roofline time,
+`ddp_teach.sim.runtime.recorder`: every operation is charged its roofline time,
 every collective its alpha-beta time for `world_size` ranks, queued on the
 link. Build the model on the meta device (shapes, no memory, no
 arithmetic) and a step of a 7-billion-parameter model on 1,024 simulated
@@ -18,7 +18,7 @@ meta tensors have none.
 """
 import torch.distributed as dist
 
-from ddp_teach.sim.runtime import SimulatedRecorder
+from ddp_teach.sim.runtime.recorder import SimulatedRecorder
 from ddp_teach.tracing.recorder import recording
 from ddp_teach.tracing.timeline import Timeline
 

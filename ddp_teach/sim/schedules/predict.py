@@ -11,13 +11,13 @@ notebook can plot "predicted" beside "simulated" and assert they agree:
 - `naive_ddp`: after backward, one blocking all-reduce (and a division) per
   gradient, one after another;
 - `gpipe`: a pipeline step of `ddp_teach.pipeline.gpipe_step`, from each
-  stage's times (`pipeline_stage`; both in `ddp_teach.sim.pipeline_schedule`);
+  stage's times (`pipeline_stage`; both in `ddp_teach.sim.schedules.pipeline`);
 - `zero3`: a ZeRO-3 step of `ddp_teach.fsdp` on any link, with and
   without prefetching, from the order and compute of one step traced on a
   free link (`zero3_profile`); `fsdp2`: the same step as torch's FSDP2
-  overlaps it (`ddp_teach.sim.fsdp_schedule`);
+  overlaps it (`ddp_teach.sim.schedules.fsdp`);
 - `collective`: one collective's time on the simulation's link or cluster
-  (on a cluster, as NCCL would run it: `ddp_teach.sim.comm`);
+  (on a cluster, as NCCL would run it: `ddp_teach.sim.model.comm`);
 - `bucketed_ddp`: DDP's schedule (Li et al., "PyTorch Distributed", VLDB
   2020): buckets fill in gradient-ready order, each is all-reduced as soon as
   its last gradient is ready AND the link has finished the previous bucket,
@@ -37,12 +37,12 @@ import torch
 
 from ddp_teach.buckets import FIRST_BUCKET_CAP_MB, MIB, bucket_indices, check_bucket_cap
 from ddp_teach.cost import Link, collective_time
-from ddp_teach.sim.efficiency import rate_seconds
-from ddp_teach.sim.fsdp_schedule import fsdp2  # noqa: F401 (part of predict)
-from ddp_teach.sim.one_rank import one_rank
-from ddp_teach.sim.pipeline_schedule import Stage, gpipe, pipeline_stage  # noqa: F401
-from ddp_teach.sim.runtime import SimulatedRecorder
-from ddp_teach.sim.simulation import Simulation
+from ddp_teach.sim.model.efficiency import rate_seconds
+from ddp_teach.sim.schedules.fsdp import fsdp2  # noqa: F401 (part of predict)
+from ddp_teach.sim.runtime.one_rank import one_rank
+from ddp_teach.sim.schedules.pipeline import Stage, gpipe, pipeline_stage  # noqa: F401
+from ddp_teach.sim.runtime.recorder import SimulatedRecorder
+from ddp_teach.sim.model.simulation import Simulation
 from ddp_teach.tracing.events import COMPUTE
 
 
@@ -191,8 +191,8 @@ def zero3(profile, world_size: int, link, prefetch: bool = False) -> float:
             clock += event.duration
             in_backward = in_backward or event.name == "backward"
             continue
-        unit, op = event.name.removeprefix("unit ").rsplit(" ", 1)
-        if op == "reduce-scatter":
+        unit = event.name  # a unit's gathers share its label ("unit 0 all-gather")
+        if event.op == "reduce_scatter":
             clock = on_link("reduce_scatter", event.nbytes)
         elif not in_backward:
             nbytes[unit] = event.nbytes  # forward: the order of the units

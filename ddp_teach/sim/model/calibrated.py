@@ -1,0 +1,121 @@
+"""Every calibrated constant of the simulator, as plain numbers.
+
+A leaf: this module imports nothing. Each constant was solved from the
+published measurements named in `SOLVED_FROM`, by the ids of their rows in
+`ddp_teach/sim/evidence/*.toml` (every row whose role is "calibrate" is
+named here, and no other). The repository's `tools/calibrate.py` solves
+each constant again from its rows and `--check` fails when a stored value
+differs from what its rows give by more than rounding to the figures it is
+written with; tests/sim/test_calibration.py runs it.
+
+A constant solved from a row reproduces that row by construction; what
+tells whether it can be trusted is every row it was not solved from (the
+"validate" rows), which `ddp_teach.sim.evidence.published` and the repository's
+`benchmarks/sim_vs_published.md` set beside the simulator.
+
+How each was solved: most are roots of the simulated figure, rounded to
+three figures. The memory and attention shares are the row's figure over
+the datasheet peak (H100 SXM: 3.35 TB/s, 989.4 bf16 TFLOP/s; A100 80GB:
+2.039 TB/s, 312 TFLOP/s), and CAUSAL the causal row's figure over the
+full-mask one's: these leave out each kernel's fixed cost, so their rows
+come back 0.03-0.2% low. A100's `matmul` and KERNEL_S come from two rows
+together, KERNEL_S rounded first and `matmul` solved again with it; so do
+LINK_FRACTIONS["nvls"] and NVLS_CHUNK_S.
+"""
+
+# GPU-side fixed seconds of one kernel, with `efficiency`'s tile model; every preset's
+KERNEL_S = 3.74e-6
+# the share of the fp32 peak fp32 convolutions reach on the CUDA cores, counted
+# against a direct convolution's FLOPs (cuDNN's Winograd 3x3 kernels do fewer
+# multiplications, so it can come near 1); one share for every preset, a stated
+# assumption
+CONV_FP32 = 0.943
+# the share of its full-mask rate a fused attention kernel keeps with a causal mask
+CAUSAL = 0.8698
+# the share of the fp32 CUDA-core rate a 16-bit product keeps on a GPU without
+# units for that type (bf16 on a T4 or a V100): converted, then computed in fp32
+EMULATED = 0.59
+# host seconds to issue one eager operation: about 7 us for a tiny elementwise op
+# (flagos-ai/FlagGems issue 4812, "~7 us eager"); a round figure with no row,
+# which the course's own row host-time-of-one-small-eager-op-ours validates
+HOST_S_PER_OP = 7e-6
+# compute overlapped with communication runs this much slower, the average over
+# many runs on A100 and H100 (Lee et al., "Characterizing Compute-Communication
+# Overlap in GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114, 2025);
+# no single row, so nothing to re-solve
+OVERLAP_SLOWDOWN = 1.189
+
+# Per GPU preset, the fields of `efficiency.Achieved`: the fractions of the
+# datasheet peaks real kernels reach (`ddp_teach.sim.model.hardware` builds the
+# presets' Achieved from these).
+KERNEL_FRACTIONS = {
+    "H100 SXM": dict(sms=132, matmul=0.851, memory=0.8866, attention=0.3314,
+                     conv=0.436, kernel_s=KERNEL_S, sustained=0.719,
+                     attention_cudnn=0.5697, matmul_fp32=0.779, conv_tf32=0.258,
+                     conv_fp32=CONV_FP32),
+    "A100 80GB": dict(sms=108, matmul=0.815, memory=0.8337, attention=0.5753,
+                      conv=0.436, kernel_s=KERNEL_S, sustained=0.888,
+                      matmul_fp32=0.986, conv_tf32=0.258, conv_fp32=CONV_FP32),
+}
+# H100's conv and conv_tf32 are A100's (no H100 convolution run calibrates
+# them). V100, T4 and RTX 4090 take A100's other fractions with their own SM
+# counts (datasheets: 80, 40 and 128 SMs), a stated assumption that the
+# ResNet-50 rows of V100 and T4 check; V100's fp32 products take A100's
+# tensor-core fraction.
+KERNEL_FRACTIONS["V100 SXM2"] = {**KERNEL_FRACTIONS["A100 80GB"], "sms": 80,
+                                 "matmul_fp32": None}
+KERNEL_FRACTIONS["T4"] = {**KERNEL_FRACTIONS["A100 80GB"], "sms": 40, "matmul": 0.645,
+                          "matmul_fp32": 0.515}
+KERNEL_FRACTIONS["RTX 4090"] = {**KERNEL_FRACTIONS["A100 80GB"], "sms": 128,
+                                "matmul": 1.0, "matmul_fp32": 0.666}
+# which preset's fractions each copied preset took, field by field (the rest are its own)
+COPIED_FROM = {"H100 SXM": ("A100 80GB", ("conv", "conv_tf32")),
+               "V100 SXM2": ("A100 80GB", ("memory", "attention", "conv", "conv_tf32",
+                                           "sustained", "matmul")),
+               "T4": ("A100 80GB", ("memory", "attention", "conv", "conv_tf32",
+                                    "sustained")),
+               "RTX 4090": ("A100 80GB", ("memory", "attention", "conv", "conv_tf32",
+                                          "sustained"))}
+
+# The fraction of NCCL's own bandwidth estimate a collective reaches, by the
+# kind of algorithm (`ddp_teach.sim.model.comm.kind_of`): ring or tree inside one
+# node, NVLink SHARP inside one node, ring or tree over the network, NVLS in
+# each node with a tree between them.
+LINK_FRACTIONS = {"in node": 0.991, "nvls": 0.974, "across nodes": 0.907,
+                  "nvls tree": 0.549}
+# one NVLS chunk's fixed cost with every channel working, and with one alone
+# (`ddp_teach.sim.model.comm` says how chunks are charged)
+NVLS_CHUNK_S = 5.4e-6
+NVLS_ONE_CHANNEL_S = 1.8e-6
+
+# {constant: the ids of the evidence rows it was solved from}
+SOLVED_FROM = {
+    "H100 SXM: matmul": ("bf16-matmul-2048-x-2048-x-13312-h100",),
+    "A100 80GB: matmul": ("fp16-matmul-8192-cubed-a100", "fp16-matmul-1024-cubed-a100"),
+    "KERNEL_S": ("fp16-matmul-1024-cubed-a100", "fp16-matmul-8192-cubed-a100"),
+    "H100 SXM: memory": ("stream-triad-h100",),
+    "A100 80GB: memory": ("stream-triad-a100",),
+    "H100 SXM: attention": ("flashattention-2-h100",),
+    "A100 80GB: attention": ("flashattention-2-a100",),
+    "H100 SXM: attention_cudnn": ("cudnn-attention-fwd-plus-bwd-h100",),
+    "CAUSAL": ("cudnn-attention-fwd-plus-bwd-causal-h100",
+               "cudnn-attention-fwd-plus-bwd-h100"),
+    "H100 SXM: matmul_fp32": ("fp32-square-matmul-best-size-h100",),
+    "A100 80GB: matmul_fp32": ("fp32-square-matmul-best-size-a100",),
+    "T4: matmul": ("fp16-square-matmul-best-size-t4-colab",),
+    "T4: matmul_fp32": ("fp32-square-matmul-best-size-t4-colab",),
+    "EMULATED": ("bf16-square-matmul-best-size-t4-colab",),
+    "RTX 4090: matmul": ("fp16-square-matmul-best-size-rtx-4090-a",),
+    "RTX 4090: matmul_fp32": ("fp32-square-matmul-best-size-rtx-4090-a",),
+    "H100 SXM: sustained": ("mpt-7b-fsdp-8-h100",),
+    "A100 80GB: sustained": ("mpt-7b-fsdp-8-a100",),
+    "A100 80GB: conv": ("resnet-50-1-a100",),
+    "A100 80GB: conv_tf32": ("resnet-50-tf32-1-a100",),
+    "CONV_FP32": ("resnet-50-fp32-1-v100",),
+    "LINK_FRACTIONS['in node']": ("all-reduce-16-gib-8-gpus-ring",),
+    "LINK_FRACTIONS['nvls']": ("all-reduce-8-gib-8-gpus-nvls", "all-reduce-64-mib-8-gpus-nvls"),
+    "NVLS_CHUNK_S": ("all-reduce-64-mib-8-gpus-nvls", "all-reduce-8-gib-8-gpus-nvls"),
+    "NVLS_ONE_CHANNEL_S": ("all-reduce-128-kib-8-gpus-nvls",),
+    "LINK_FRACTIONS['across nodes']": ("all-reduce-32-gpus-in-4-nodes",),
+    "LINK_FRACTIONS['nvls tree']": ("all-reduce-512-mib-16-gpus-in-2-nodes",),
+}
