@@ -35,7 +35,6 @@ FACTS = {
         "2.5": "a study time in the course map: the course's estimate for a newcomer "
                "who reads, runs and does the exercises (tools/notebook_stats.py gives "
                "each notebook's words, cells and exercises it rests on)",
-        "1.5": "a study time in the course map, estimated as for 2.5",
     },
     "05_mixed_precision": {
         "32": "fp32 is IEEE 754 binary32, 32 bits",
