@@ -21,6 +21,7 @@ from ddp_teach import sampler, syncbn                        # 04 data and sync
 from ddp_teach import precision, amp                         # 05 mixed precision
 from ddp_teach import memory, flat, zero, fsdp               # 06 sharding
 from ddp_teach import scripts, slurm, checkpoint             # 07 at scale
+from ddp_teach import llama, real_job                         # 08 the real job
 from ddp_teach import paramserver, pipeline, tensor_parallel  # 08 beyond DP
 from ddp_teach import debugging, diagnosis                   # 09 bugs
 from ddp_teach import lm                                     # 10 capstone

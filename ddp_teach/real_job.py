@@ -150,25 +150,3 @@ def resume(path, model, optimizer, scheduler, state_fn=step_checkpoint_state) ->
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"])
     return int(state["step"])
-
-
-def train_with_checkpoint(rank, world_size, config, tokens, steps, path, *,
-                          save_at=None, resume_from=False,
-                          state_fn=step_checkpoint_state, mp_policy=None):
-    """`steps` steps from step 0, or from the checkpoint at `path` when
-    `resume_from`; with `save_at`, a step checkpoint after that many steps.
-    Returns {step: loss}."""
-    torch.manual_seed(1234)                   # the data order's seed: every rank's
-    model = build_sharded(config, seed=0, mp_policy=mp_policy)
-    optimizer, scheduler = new_optimizer_and_scheduler(model)
-    start = resume(path, model, optimizer, scheduler, state_fn) if resume_from else 0
-    losses, pending = {}, None
-    group = dist.new_group(backend="gloo")    # the checkpoint thread's own
-    for step in range(start, steps):
-        if step == save_at:
-            pending = save_step_checkpoint(state_fn(model, optimizer, scheduler, step),
-                                           path, group)
-        losses[step] = train_step(model, optimizer, scheduler, tokens, rank, world_size)
-    if pending is not None:
-        pending.result()                     # written before the job ends
-    return losses
