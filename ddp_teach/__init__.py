@@ -60,7 +60,8 @@ def load_ipython_extension(ipython):
 COURSE_MODULES = ("collectives", "cost", "bandwidth", "diagrams", "dp", "buckets", "ddp",
                   "sampler", "syncbn", "precision", "amp", "memory", "flat", "zero",
                   "fsdp", "scripts", "slurm", "checkpoint", "llama", "real_job",
-                  "paramserver", "pipeline", "tensor_parallel", "debugging", "diagnosis", "lm", "models", "system", "widgets")
+                  "paramserver", "pipeline", "tensor_parallel", "debugging", "diagnosis",
+                  "lm", "models", "system", "widgets")
 TOOLING_PACKAGES = ("compat", "exercises", "launcher", "sim", "tracing")
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown", "progress",
            "span", "trace_layers", "Timeline",
