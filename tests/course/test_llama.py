@@ -109,3 +109,40 @@ def test_every_ranks_shard_is_its_slice_of_the_normally_built_model():
     expected = [sum(c[rank].numel() for c in chunks if rank < len(c)) for rank in range(3)]
     assert [count for _, count in runs] == expected
     assert sum(expected) == parameter_count(SMALL)
+
+
+def test_every_rank_draws_the_same_global_batch_and_takes_its_own_rows():
+    from ddp_teach.real_job import GLOBAL_BATCH, global_batch, my_rows
+    tokens = torch.arange(500)
+    torch.manual_seed(5)
+    x, y = global_batch(tokens, 16)
+    torch.manual_seed(5)
+    again, _ = global_batch(tokens, 16)
+    assert torch.equal(x, again) and x.shape == (GLOBAL_BATCH, 16)
+    assert torch.equal(y, x + 1)                 # targets: the next token
+    for world_size in (1, 2, 3, 4):
+        rows = [my_rows(x, rank, world_size) for rank in range(world_size)]
+        assert torch.equal(torch.cat(rows), x)
+        assert len({len(r) for r in rows}) == 1  # an even split
+
+
+def resume_without_the_rng(rank, world_size, path):
+    from ddp_teach import real_job
+
+    def state_without_rng(model, optimizer, scheduler, step):
+        state = real_job.step_checkpoint_state(model, optimizer, scheduler, step)
+        del state["rng"]
+        return state
+    model = real_job.build_sharded(SMALL)
+    optimizer, scheduler = real_job.new_optimizer_and_scheduler(model)
+    try:
+        real_job.resume(path, model, optimizer, scheduler, state_without_rng)
+    except KeyError as error:
+        return str(error)
+    return "resumed"
+
+
+def test_a_resume_names_the_keys_the_checkpoint_lacks(tmp_path):
+    said = dt.run(resume_without_the_rng, 1, args=(str(tmp_path),), backend="gloo")[0]
+    assert "the step checkpoint has no 'rng'" in said
+    assert "['model', 'optimizer', 'scheduler', 'step']" in said
