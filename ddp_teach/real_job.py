@@ -68,6 +68,20 @@ def build_sharded(config: LlamaConfig, seed: int = 0, mp_policy=None,
     return model
 
 
+def accumulate_gradients(model, micro_batches) -> None:
+    """Forward and backward of each (inputs, targets) micro-batch, the
+    gradients reduce-scattered once, after the last: FSDP2's
+    `set_requires_gradient_sync(False)` keeps each rank's unsharded
+    gradients local (and accumulating, in reduce_dtype) until the call
+    with True before the last backward. Each loss is divided by the number
+    of micro-batches, so that the sum is the whole batch's mean (for
+    micro-batches of equal size): the gradient one big batch would give."""
+    count = len(micro_batches)
+    for index, (inputs, targets) in enumerate(micro_batches):
+        model.set_requires_gradient_sync(index == count - 1)
+        (next_token_loss(model(inputs), targets) / count).backward()
+
+
 def new_optimizer_and_scheduler(model):
     """AdamW, and a linear warm-up over WARMUP steps: a scheduler with
     state of its own (its step count), as every LLM recipe has."""

@@ -1,5 +1,5 @@
-"""Checkers for notebook 08's exercises: the wrap order, and what a step
-checkpoint holds. Both run the learner's function on real gloo ranks.
+"""Checkers for notebook 08's exercises: the wrap order, and gradient
+accumulation under FSDP2. Both run the learner's function on real gloo ranks.
 
 `my_shard_model(model, mesh)`: the reference, `ddp_teach.real_job.
 shard_model`, applies fully_shard to each block, then to the root. Checked
@@ -16,30 +16,20 @@ on 3 and 2 ranks, on a model of 3 blocks, after one forward and backward:
 - the root wrapped before its blocks makes torch fail (in 2.13 with
   "Invariant encountered"): the checker names the order instead.
 
-`my_step_checkpoint_state(model, optimizer, scheduler, step)`: the
-reference, `ddp_teach.real_job.step_checkpoint_state`. The checker trains
-the notebook's Llama-style model for STEPS steps on `save` ranks, writes
-the learner's state with dcp.async_save after SAVE_AT steps, then resumes
-on `resume` ranks (4 to 3, then 1 to 2) through `ddp_teach.real_job.resume`
-and compares:
+`my_fsdp_accumulate(model, micro_batches)`: the reference, `ddp_teach.real_job.
+accumulate_gradients`, runs each micro-batch's forward and backward with
+FSDP2's gradient sync off for all but the last, each loss divided by the
+number of micro-batches. Checked on 2 ranks (3 micro-batches, then 1) and
+3 ranks (2), on a sharded model of 3 blocks, with `dist.reduce_scatter_
+single` counted: one reduce-scatter per unit (blocks + 1) for the whole
+call, and the gradients equal to one backward of all the rows at once,
+averaged over the ranks (fp32, the same rows: a different order of
+addition only, hence rtol 1e-4). Gradients N times too large name the
+division; one reduce-scatter per micro-batch names the sync; none names
+the last micro-batch's sync.
 
-- the keys the course's resume reads ("model", "optimizer", "scheduler",
-  "rng", "step"), each missing one named with what it is for;
-- what the resume restored, piece by piece, against the saving run at
-  that step: the step to resume at, the model, AdamW's moments, the
-  scheduler's step count, the RNG state (a wrong piece is named);
-- the function must not change the training: the RNG state is the same
-  before and after it (drawing from it moves the data order);
-- the resumed losses equal the uninterrupted run's within
-  LOSS_TOLERANCE, relative: the runs are fp32, and the two differ only in
-  the order the ranks' gradients are added (another world size), a few
-  of fp32's rounding steps (2^-24); 2^-16 leaves room for the steps after.
-The warm-up (WARMUP = 6 steps) is still on at SAVE_AT, so a lost
-scheduler changes the learning rate.
+`my_step_checkpoint_state` is checked in nb08_step_checkpoint.py.
 """
-import shutil
-import tempfile
-
 import torch
 import torch.distributed as dist
 
@@ -51,9 +41,6 @@ from ddp_teach.llama import Llama, LlamaConfig, next_token_loss
 from ddp_teach import real_job
 
 SHARD_WORLD_SIZES = (3, 2)
-RESUMES = ((4, 3), (1, 2))           # (ranks that save, ranks that resume)
-STEPS, SAVE_AT = 7, 3
-LOSS_TOLERANCE = 2.0 ** -16
 TIMEOUT_S = 60.0
 CONFIG = LlamaConfig(vocab=64, width=32, layers=3, heads=2, kv_heads=1, hidden=64,
                      context=16)
@@ -169,145 +156,100 @@ def check_shard_model(fn) -> Verdict:
                    f"ranks.")
 
 
-# ---- the step checkpoint ----------------------------------------------------------
+# ---- accumulation -------------------------------------------------------------
 
-KEY_HINTS = {
-    "model": "the model's sharded state: get_state_dict(model, optimizer) gives it",
-    "optimizer": "AdamW's moments and step counts: get_state_dict(model, optimizer) "
-                 "gives them beside the model's",
-    "scheduler": "the learning-rate schedule's position: scheduler.state_dict()",
-    "rng": "the RNG that draws the data order: torch.get_rng_state()",
-    "step": "the step to resume at (the data position): the step given",
-}
+ACCUMULATIONS = ((2, (3, 1)), (3, (2,)))   # (ranks, micro-batch counts)
+ROWS_PER_MICRO_BATCH = 2
 
 
-def _tokens_for_training():
-    return torch.randint(0, CONFIG.vocab, (4096,),
-                         generator=torch.Generator().manual_seed(7))
+def _micro_batches(rank, count):
+    tokens = torch.randint(0, CONFIG.vocab, (count * ROWS_PER_MICRO_BATCH,
+                                            CONFIG.context + 1),
+                           generator=torch.Generator().manual_seed(1000 * count + rank))
+    return [(t[:, :-1], t[:, 1:]) for t in tokens.chunk(count)]
 
 
-def _snapshot(model, optimizer, scheduler, step):
-    """What the training is at `step`, in full, comparable across world sizes."""
+def _accumulate_on_ranks(rank, world_size, fn, counts):
     from torch.distributed.tensor import DTensor
+    results = {}
+    for count in counts:
+        model = Llama(CONFIG)
+        model.init_weights(0)
+        real_job.shard_model(model, real_job.cpu_mesh())
+        scatters, real = [], dist.reduce_scatter_single
 
-    def full(t):
-        return t.full_tensor() if isinstance(t, DTensor) else t
-    moments = [full(state[key]).clone() for p in model.parameters()
-               for key in ("exp_avg", "exp_avg_sq")
-               if (state := optimizer.state.get(p)) and key in state]
-    return {"step": step, "model": [full(p).detach().clone() for p in model.parameters()],
-            "optimizer": moments, "scheduler": scheduler.last_epoch,
-            "rng": torch.get_rng_state()}
-
-
-def _save_run(rank, world_size, fn, path):
-    torch.manual_seed(1234)
-    model = real_job.build_sharded(CONFIG)
-    optimizer, scheduler = real_job.new_optimizer_and_scheduler(model)
-    group = dist.new_group(backend="gloo")
-    tokens, losses, report = _tokens_for_training(), {}, {}
-    for step in range(STEPS):
-        if step == SAVE_AT:
-            report["snapshot"] = _snapshot(model, optimizer, scheduler, step)
-            try:
-                state = fn(model, optimizer, scheduler, step)
-            except NotImplementedError:
-                return NOT_ATTEMPTED
-            report["rng_moved"] = not torch.equal(report["snapshot"]["rng"],
-                                                  torch.get_rng_state())
-            if not isinstance(state, dict):
-                return {**report, "not_a_dict": type(state).__name__}
-            report["missing"] = [k for k in real_job.CHECKPOINT_KEYS if k not in state]
-            if report["missing"]:
-                return report
-            real_job.save_step_checkpoint(state, path, group).result()
-        losses[step] = real_job.train_step(model, optimizer, scheduler, tokens,
-                                           rank, world_size)
-    return {**report, "losses": losses}
-
-
-def _resume_run(rank, world_size, fn, path):
-    torch.manual_seed(1234)                 # a new job starts as the first did
-    model = real_job.build_sharded(CONFIG)
-    optimizer, scheduler = real_job.new_optimizer_and_scheduler(model)
-    start = real_job.resume(path, model, optimizer, scheduler, fn)
-    snapshot = _snapshot(model, optimizer, scheduler, start)
-    tokens, losses = _tokens_for_training(), {}
-    for step in range(start, STEPS):
-        losses[step] = real_job.train_step(model, optimizer, scheduler, tokens,
-                                           rank, world_size)
-    return {"snapshot": snapshot, "losses": losses}
-
-
-def _restored_wrong(saved, restored) -> str | None:
-    """The first piece the resume did not get back, in the learner's terms."""
-    if restored["step"] != saved["step"]:
-        return (f"the resumed run starts at step {restored['step']!r}; the "
-                f"checkpoint was written after {saved['step']} steps.\nHint: "
-                f"\"step\": the step given, which is the data position.")
-    if first_difference(restored["model"], saved["model"], atol=0, rtol=0):
-        return ("the resumed model is not the one saved.\nHint: \"model\": the "
-                "model's state from get_state_dict(model, optimizer).")
-    if first_difference(restored["optimizer"], saved["optimizer"], atol=0, rtol=0):
-        return ("the resumed AdamW's moments are not the ones saved.\nHint: "
-                "\"optimizer\": the optimizer's state from get_state_dict(model, "
-                "optimizer); AdamW's moments are as much the training as the weights.")
-    if restored["scheduler"] != saved["scheduler"]:
-        return (f"the resumed scheduler is at step {restored['scheduler']}, the "
-                f"saved one was at {saved['scheduler']}: the learning rate of the "
-                f"warm-up starts over.\nHint: \"scheduler\": scheduler.state_dict().")
-    if not torch.equal(restored["rng"], saved["rng"]):
-        return ("the resumed RNG state is not the one saved, so the resumed run "
-                "draws other batches.\nHint: \"rng\": torch.get_rng_state(), the "
-                "generator the data order is drawn from.")
-    return None
-
-
-def check_step_checkpoint_state(fn) -> Verdict:
-    for save, resume in RESUMES:
-        work = tempfile.mkdtemp(prefix="step-checkpoint-check-")
+        def counted(*args, **kwargs):
+            scatters.append(1)
+            return real(*args, **kwargs)
+        dist.reduce_scatter_single = counted
         try:
-            saved, problem = run_learner_code(_save_run, save, fn, timeout=TIMEOUT_S,
-                                              args=(f"{work}/ckpt",))
-            if problem:
-                return problem
-            first = saved[0]
-            where = f"saved on {save} rank(s) after {SAVE_AT} of {STEPS} steps"
-            if first["rng_moved"]:
-                return Verdict(WRONG, f"{where}: torch's RNG state changed while "
-                               f"your function ran: it drew random numbers, and the "
-                               f"data order moved.\nHint: read the state "
-                               f"(torch.get_rng_state()); do not draw from it.")
-            if "not_a_dict" in first:
-                return Verdict(WRONG, f"{where}: your function returned a "
-                               f"{first['not_a_dict']}, not a dict.\nHint: return "
-                               f"{{\"model\": ..., \"optimizer\": ..., \"scheduler\": "
-                               f"..., \"rng\": ..., \"step\": ...}}.")
-            if first["missing"]:
-                key = first["missing"][0]
-                return Verdict(WRONG, f"{where}: the checkpoint has no {key!r}, and "
-                               f"the resume cannot continue the same training "
-                               f"without it.\nHint: \"{key}\": {KEY_HINTS[key]}.")
-            resumed, problem = run_learner_code(_resume_run, resume, fn,
-                                                timeout=TIMEOUT_S,
-                                                args=(f"{work}/ckpt",))
+            fn(model, _micro_batches(rank, count))
+        except NotImplementedError:
+            return NOT_ATTEMPTED
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            dist.reduce_scatter_single = real
+        results[count] = {"scatters": len(scatters), "grads": [
+            p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            for p in model.parameters()]}
+    return results
+
+
+def _big_batch_grads(world_size, count):
+    """One backward per rank of all its rows at once, averaged over ranks."""
+    grads = None
+    for rank in range(world_size):
+        model = Llama(CONFIG)
+        model.init_weights(0)
+        inputs, targets = (torch.cat(t) for t in zip(*_micro_batches(rank, count)))
+        next_token_loss(model(inputs), targets).backward()
+        mine = [p.grad / world_size for p in model.parameters()]
+        grads = mine if grads is None else [a + b for a, b in zip(grads, mine)]
+    return grads
+
+
+def check_accumulate(fn) -> Verdict:
+    names = [name for name, _ in Llama(CONFIG).named_parameters()]
+    units = CONFIG.layers + 1
+    for world_size, counts in ACCUMULATIONS:
+        run, problem = run_learner_code(_accumulate_on_ranks, world_size, fn,
+                                        timeout=TIMEOUT_S, args=(counts,))
         if problem:
             return problem
-        where += f", resumed on {resume}"
-        wrong = _restored_wrong(first["snapshot"], resumed[0]["snapshot"])
-        if wrong:
-            return Verdict(WRONG, f"{where}: {wrong}")
-        for step, loss in resumed[0]["losses"].items():
-            want = first["losses"][step]
-            if abs(loss - want) > LOSS_TOLERANCE * abs(want):
-                return Verdict(WRONG, f"{where}: at step {step} the resumed loss is "
-                               f"{loss:.6f}, the uninterrupted run's {want:.6f}.")
-    return Verdict(CORRECT, "saved on 4 ranks and resumed on 3, then saved on 1 "
-                   "and resumed on 2: the model, AdamW's moments, the scheduler, "
-                   "the RNG and the step came back, and the loss curve went on as "
-                   "the uninterrupted run's.")
+        for count in counts:
+            seen = run[0][count]
+            where = (f"on {world_size} ranks, {count} micro-batch(es), a model of "
+                     f"{units} FSDP units")
+            if seen["scatters"] == 0:
+                return Verdict(WRONG, f"{where}: no reduce-scatter at all, so the "
+                               f"ranks' gradients were never averaged.\nHint: the "
+                               f"last micro-batch syncs: "
+                               f"model.set_requires_gradient_sync(True) before its "
+                               f"backward.")
+            if seen["scatters"] != units:
+                return Verdict(WRONG, f"{where}: {seen['scatters']} reduce-scatters; "
+                               f"syncing only the last micro-batch makes {units}, one "
+                               f"per unit.\nHint: model.set_requires_gradient_sync("
+                               f"False) before every backward but the last, on the "
+                               f"root with recurse left on, so every block follows.")
+            if any(g is None for g in seen["grads"]):
+                return Verdict(WRONG, f"{where}: some parameters have no gradient.\n"
+                               f"Hint: run backward on every micro-batch's loss.")
+            want = _big_batch_grads(world_size, count)
+            if count > 1 and not first_difference(
+                    seen["grads"], [count * g for g in want], names, atol=1e-7, rtol=1e-4):
+                return Verdict(WRONG, f"{where}: the gradients are {count} times one "
+                               f"big batch's.\nHint: divide each micro-batch's loss "
+                               f"by the number of micro-batches, so that their sum is "
+                               f"the big batch's mean.")
+            differs = first_difference(seen["grads"], want, names, atol=1e-7, rtol=1e-4)
+            if differs:
+                return Verdict(WRONG, f"{where}: the gradients are not one big "
+                               f"batch's: {differs}\nHint: sync on the last "
+                               f"micro-batch only; one synced earlier sends its "
+                               f"gradient before the later ones are added.")
+    return Verdict(CORRECT, f"one reduce-scatter per unit ({units}) whatever the "
+                   f"number of micro-batches, and the gradients of one big batch, on "
+                   f"2 and 3 ranks.")
 
 
 register(Exercise(
@@ -320,13 +262,12 @@ register(Exercise(
      "fully_shard(model, mesh=mesh)."]))
 
 register(Exercise(
-    "step_checkpoint_state", "What a step checkpoint holds",
-    "my_step_checkpoint_state", "ddp_teach.real_job:step_checkpoint_state",
-    check_step_checkpoint_state,
-    ["A resume must continue the same training: list everything the next step "
-     "depends on, not only the weights.",
-     "Besides the model and the optimizer: the learning-rate schedule, the "
-     "random numbers that choose the data, and where in the data you are.",
-     "model_state, optimizer_state = get_state_dict(model, optimizer); return "
-     "{\"model\": model_state, \"optimizer\": optimizer_state, \"scheduler\": "
-     "scheduler.state_dict(), \"rng\": torch.get_rng_state(), \"step\": step}"]))
+    "fsdp_accumulate", "Accumulation under FSDP2: sync on the last micro-batch",
+    "my_fsdp_accumulate", "ddp_teach.real_job:accumulate_gradients", check_accumulate,
+    ["Which backward must send the gradients, and what do the others do "
+     "with theirs?",
+     "model.set_requires_gradient_sync(flag) applies to every FSDP unit in "
+     "the model; and the big batch's loss is a mean over all its rows.",
+     "for i, (x, y) in enumerate(micro_batches): model.set_requires_gradient_"
+     "sync(i == len(micro_batches) - 1); (loss(x, y) / len(micro_batches))."
+     "backward()"]))

@@ -7,7 +7,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
                                                      get_state_dict)
 from torch.distributed.fsdp import fully_shard
 
-from ddp_teach.llama import LlamaBlock
+from ddp_teach.llama import LlamaBlock, next_token_loss
 
 # ---- the wrap order -------------------------------------------------------------
 
@@ -50,6 +50,55 @@ def blocks_in_reverse_then_root(model, mesh):
     for index in reversed(range(len(model.layers))):
         fully_shard(model.layers[index], mesh=mesh, reshard_after_forward=True)
     fully_shard(model, mesh=mesh)
+
+
+# ---- accumulation ---------------------------------------------------------------
+
+def every_micro_batch_syncs(model, micro_batches):
+    for inputs, targets in micro_batches:
+        (next_token_loss(model(inputs), targets) / len(micro_batches)).backward()
+
+
+def never_syncs(model, micro_batches):
+    model.set_requires_gradient_sync(False)
+    for inputs, targets in micro_batches:
+        (next_token_loss(model(inputs), targets) / len(micro_batches)).backward()
+
+
+def losses_not_divided(model, micro_batches):
+    for index, (inputs, targets) in enumerate(micro_batches):
+        model.set_requires_gradient_sync(index == len(micro_batches) - 1)
+        next_token_loss(model(inputs), targets).backward()
+
+
+def the_first_syncs(model, micro_batches):
+    for index, (inputs, targets) in enumerate(micro_batches):
+        model.set_requires_gradient_sync(index == 0)
+        (next_token_loss(model(inputs), targets) / len(micro_batches)).backward()
+
+
+def the_root_alone_stops_syncing(model, micro_batches):
+    for index, (inputs, targets) in enumerate(micro_batches):
+        model.set_requires_gradient_sync(index == len(micro_batches) - 1, recurse=False)
+        (next_token_loss(model(inputs), targets) / len(micro_batches)).backward()
+
+
+def off_before_the_loop_on_before_the_last(model, micro_batches):
+    """Right, in another style: the flag switched twice, the loss scaled with div."""
+    *early, last = micro_batches
+    model.set_requires_gradient_sync(False)
+    for inputs, targets in early:
+        next_token_loss(model(inputs), targets).div(len(micro_batches)).backward()
+    model.set_requires_gradient_sync(True)
+    next_token_loss(model(last[0]), last[1]).div(len(micro_batches)).backward()
+
+
+def weighted_by_rows(model, micro_batches):
+    """Right, in another style: each loss weighted by its share of the rows."""
+    rows = sum(len(inputs) for inputs, _ in micro_batches)
+    for index, (inputs, targets) in enumerate(micro_batches):
+        model.set_requires_gradient_sync(index + 1 == len(micro_batches))
+        (next_token_loss(model(inputs), targets) * len(inputs) / rows).backward()
 
 
 # ---- the step checkpoint ----------------------------------------------------------
@@ -117,6 +166,8 @@ def plain_state_dicts(model, optimizer, scheduler, step):
 def test_correct_answers_in_other_styles_pass(verdict):
     for name, right in (("shard_model", blocks_found_by_type),
                         ("shard_model", blocks_in_reverse_then_root),
+                        ("fsdp_accumulate", off_before_the_loop_on_before_the_last),
+                        ("fsdp_accumulate", weighted_by_rows),
                         ("step_checkpoint_state", separate_getters),
                         ("step_checkpoint_state", plain_state_dicts)):
         passed, seen = verdict(name, right)
@@ -130,6 +181,13 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("shard_model", blocks_only, ("stayed whole on every rank",
                                   "fully_shard(model, mesh=mesh) last")),
     ("shard_model", every_linear_a_unit, "are not FSDP units"),
+    ("fsdp_accumulate", every_micro_batch_syncs, ("12 reduce-scatters", "makes 4",
+                                             "set_requires_gradient_sync(False)")),
+    ("fsdp_accumulate", never_syncs, ("no reduce-scatter at all",
+                                 "set_requires_gradient_sync(True)")),
+    ("fsdp_accumulate", losses_not_divided, ("3 times one big batch's", "divide each")),
+    ("fsdp_accumulate", the_first_syncs, ("not one big batch's", "the last micro-batch only")),
+    ("fsdp_accumulate", the_root_alone_stops_syncing, ("10 reduce-scatters", "recurse")),
     ("step_checkpoint_state", without("rng"), ("no 'rng'", "torch.get_rng_state()")),
     ("step_checkpoint_state", without("scheduler"),
      ("no 'scheduler'", "scheduler.state_dict()")),
