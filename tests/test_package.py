@@ -90,6 +90,7 @@ PUBLIC_NAMES = [
     ("real_job.step_checkpoint_state", "function"), ("real_job.shard_model", "function"),
     ("real_job.resume", "function"), ("real_job.save_step_checkpoint", "function"),
     ("real_job.build_sharded", "function"),
+    ("real_job.accumulate_gradients", "function"), ("sim.predict.fsdp2", "function"),
     ("models.reference_mlp", "function"),
     ("system.describe", "function"), ("system.cpu_cores", "function"),
     ("system.gpu_count", "function"), ("system.choose_backend", "function"),
