@@ -4,9 +4,12 @@ What a trainer such as TorchTitan (pytorch/torchtitan) does around the
 model, written small enough to read: build the Llama-style model of
 `ddp_teach.llama` on the meta device, shard it per block with
 `fully_shard` (`shard_model`), materialise it per rank (`build_sharded`),
-draw the global batch from the global RNG (`global_batch`), and write and
-read a step checkpoint with torch.distributed.checkpoint
-(`step_checkpoint_state`, `save_step_checkpoint`, `resume`).
+draw the global batch from the global RNG (`global_batch`), accumulate
+gradients with one reduce-scatter per unit (`accumulate_gradients`), and
+write and read a step checkpoint with torch.distributed.checkpoint
+(`step_checkpoint_state`, `save_step_checkpoint`, `resume`). The
+exercises' checkers (ddp_teach/exercises/nb08_*.py) train with
+`train_step`.
 
 Every rank draws the same global batch (same seed, same RNG stream) and
 trains on its own rows of it, so the training does not depend on the
