@@ -21,6 +21,7 @@ from ddp_teach import sampler, syncbn                        # 04 data and sync
 from ddp_teach import precision, amp                         # 05 mixed precision
 from ddp_teach import memory, flat, zero, fsdp               # 06 sharding
 from ddp_teach import scripts, slurm, checkpoint             # 07 at scale
+from ddp_teach import llama, real_job                         # 08 the real job
 from ddp_teach import paramserver, pipeline, tensor_parallel  # 09 beyond DP
 from ddp_teach import dtensor_traffic                         # 09 beyond DP
 from ddp_teach import debugging, diagnosis                   # 10 bugs
@@ -59,8 +60,9 @@ def load_ipython_extension(ipython):
 
 COURSE_MODULES = ("collectives", "cost", "bandwidth", "diagrams", "dp", "buckets", "ddp",
                   "sampler", "syncbn", "precision", "amp", "memory", "flat", "zero",
-                  "fsdp", "scripts", "slurm", "checkpoint", "paramserver", "pipeline",
-                  "tensor_parallel", "dtensor_traffic", "debugging", "diagnosis", "lm", "models", "system", "widgets")
+                  "fsdp", "scripts", "slurm", "checkpoint", "llama", "real_job",
+                  "paramserver", "pipeline", "tensor_parallel", "dtensor_traffic",
+                  "debugging", "diagnosis", "lm", "models", "system", "widgets")
 TOOLING_PACKAGES = ("compat", "exercises", "launcher", "sim", "tracing")
 __all__ = ["run", "RunResult", "WorkerError", "WorkerTimeout", "shutdown", "progress",
            "span", "trace_layers", "Timeline",
