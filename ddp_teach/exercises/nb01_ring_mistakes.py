@@ -50,8 +50,8 @@ def diagnose_all_reduce(outcome, inputs, rank) -> str | None:
                 "by the world size itself, afterwards).")
     if same(got, expected - inputs[rank]):
         return "the sum is missing this rank's own data: add your own chunk too."
-    wrong = [i for i, (g, e) in enumerate(zip(got.tensor_split(world_size),
-                                              expected.tensor_split(world_size)))
+    wrong = [i for i, (g, e) in enumerate(zip(got.reshape(-1).tensor_split(world_size),
+                                              expected.reshape(-1).tensor_split(world_size)))
              if not same(g, e)]
     if len(wrong) < world_size:
         return (f"chunks {wrong} are wrong while the others are right: check "
