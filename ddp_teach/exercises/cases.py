@@ -29,8 +29,8 @@ each boundary on purpose (empty, one element, fewer elements than ranks,
 not divisible, non-contiguous), instead of relying on chance to find it.
 
 The values are small integers that differ per rank and per element,
-(3i mod 7 + 1)(rank + 1) + rank, at most 46 on rank 4: a sum over 5 ranks
-is at most 170, exact in every float dtype (float16 holds integers up to
+(3i mod 7 + 1)(rank + 1) + rank, at most 39 on rank 4: a sum over 5 ranks
+is at most 115, exact in every float dtype (float16 holds integers up to
 2048 exactly), so a reference and an answer that add in another order
 still agree exactly.
 """
