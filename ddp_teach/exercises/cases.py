@@ -7,8 +7,9 @@ is the smallest one that fails: the fewest elements, then the fewest
 dimensions, then a contiguous tensor before a view. What is covered, as
 issue 34 asks: 0-d, empty, 1-D and 2-D shapes, odd and prime lengths
 (5, 7, 13: not divisible by 2, 3 or 4), a length far above any world size
-(1000), non-contiguous views (a transposed matrix, every second element
-of a vector: `reshape(-1)` copies both, `view(-1)` refuses them), the
+(1000), non-contiguous views (a transposed matrix, whose `reshape(-1)`
+is a copy and `view(-1)` an error; every second element of a vector,
+whose `reshape(-1)` is that same strided view, still not contiguous), the
 dtypes an exercise's contract allows, tuples, lists, dicts and
 namedtuples nested in each other, and world sizes 1 to 5.
 

@@ -28,8 +28,9 @@ guarantee, and how each property is checked:
   at most 2(p-1) chunks of ceil(n/p) elements each way for the all-reduce,
   and (p-1) tensors each way for the all-gather (from the trace's bytes);
 - edge sizes: one rank (nothing to send), empty tensors, lengths below p;
-- shapes: 0-d tensors, matrices and non-contiguous views (whose
-  reshape(-1) is a copy, so an in-place answer must write back);
+- shapes: 0-d tensors, matrices and non-contiguous views (a transposed
+  matrix's reshape(-1) is a copy, so an in-place answer must write back;
+  a strided vector's is not contiguous, so isend / irecv need a copy);
   the all-gather's slots have the input's shape.
 
 Processes with different hash seeds cannot differ here: nothing is hashed.
@@ -56,8 +57,8 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercis
 # every contiguous shape of cases.SHAPES (0-d, empty, one element, fewer
 # elements than ranks, odd and prime lengths, two matrices, 1000) in each
 # dtype, then the non-contiguous views (every second element of a vector,
-# a transposed matrix: reshape(-1) copies them, view(-1) refuses them) in
-# a float and an integer dtype; smallest first
+# whose reshape(-1) is that same strided view; a transposed matrix, whose
+# reshape(-1) is a copy) in a float and an integer dtype; smallest first
 CASES = sorted(tensor_cases(("float32", "float64", "int64"), layouts=("contiguous",))
                + tensor_cases(("float32", "int64"), shapes=((2,), (5,), (13,), (3, 4), (5, 3)),
                               layouts=("strided", "transposed")),
@@ -78,9 +79,10 @@ SHARED_SLOTS_HINT = (
 ERROR_HINTS = {  # a piece of an error's text: the mistake it shows
     "has to be contiguous": (
         "this case's tensor is a non-contiguous view, and isend / irecv need "
-        "contiguous buffers. Work on a contiguous flat copy "
-        "(tensor.detach().reshape(-1), a copy here) and at the end copy the "
-        "result back into the tensor: tensor.copy_(flat.view_as(tensor))."),
+        "contiguous buffers. Work on a contiguous flat copy, flat = "
+        "tensor.detach().reshape(-1).contiguous() (reshape alone keeps a "
+        "strided vector strided), and at the end copy the result back into "
+        "the tensor: tensor.copy_(flat.view_as(tensor))."),
     "index out of range": (
         "an index past the last chunk: tensor.chunk(p) and tensor.split(k) "
         "give fewer than p pieces when the tensor is shorter than p; "
