@@ -35,7 +35,6 @@ import shutil
 import sys
 import tempfile
 import textwrap
-import threading
 from datetime import timedelta
 
 import torch
@@ -150,9 +149,9 @@ def check_torchrun_script(fn) -> Verdict:
         # max_restarts=1: the harness catches the learner's exceptions, so
         # only a crash restarts, such as gloo aborting while the workers
         # connect on a loaded machine (seen in CI, cf. pytorch#188266)
-        job, expected = _run_beside_expected(lambda: scripts.torchrun(
-            path, nnodes=NODES, nproc_per_node=1, echo=False, max_restarts=1,
-            timeout=RUN_TIMEOUT_S, env={"PYTHONPATH": pythonpath}))
+        job = scripts.torchrun(path, nnodes=NODES, nproc_per_node=1, echo=False,
+                               max_restarts=1, timeout=RUN_TIMEOUT_S,
+                               env={"PYTHONPATH": pythonpath})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     workers = [l for l in job.output.splitlines() if "[default" in l]
@@ -161,32 +160,7 @@ def check_torchrun_script(fn) -> Verdict:
         why = "did not finish" if job.timed_out else "ended without a result"
         return Verdict(WRONG, f"under torchrun ({NODES} nodes x 1 process) the "
                               f"job {why}. Its last lines:\n{tail}")
-    return judge(job.values, expected)
-
-
-def _run_beside_expected(start_job):
-    """(start_job(), _expected_params()), the two at once: the torchrun job
-    in a thread of its own, which mostly waits on its processes, while
-    dt.run computes the expected parameters here (the first check in a
-    kernel; later ones find them cached). dt.run stays in the caller's
-    thread, where every other checker calls it; the torchrun job needs
-    nothing of a thread but its subprocesses and their pipes."""
-    done = {}
-
-    def job():
-        try:
-            done["job"] = start_job()
-        except BaseException as error:  # re-raised in the caller, below
-            done["error"] = error
-    thread = threading.Thread(target=job, name="torchrun-check", daemon=True)
-    thread.start()
-    try:
-        expected = _expected_params()
-    finally:
-        thread.join()
-    if "error" in done:
-        raise done["error"]
-    return done["job"], expected
+    return judge(job.values, _expected_params())
 
 
 @functools.cache
