@@ -143,10 +143,12 @@ def _gather_forward_on_ranks(rank, world_size, fn):
     restore = _watch(record)
     try:
         x = _input(rank)
-        before = record["before"] = _reachable_storages()
+        before = _reachable_storages()
+        if world_size > 1:  # on one rank the shard is the whole unit
+            record["before"] = before
         with torch.no_grad():
             output = fn(module, shard, x)
-        del record["before"]  # measured in this first call only
+        record.pop("before", None)  # measured in this first call only
         output, unusable = _describe_output(output)
         if unusable:
             return dict(record, unusable=unusable)
