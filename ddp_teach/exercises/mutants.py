@@ -3,7 +3,8 @@
 Each mutant is the reference's own source with one small edit a learner
 might make by accident: an integer off by one, a comparison made strict or
 loose, == turned into !=, + into -, * into /, `and`, `or` swapped, a call's
-first two arguments swapped. A mutant the checker calls correct is either
+first two arguments swapped, a `.wait()` statement dropped (an async
+work never waited for), a loop or comprehension run in reversed order. A mutant the checker calls correct is either
 equivalent to the reference or a mistake the checker misses, so the share
 of mutants rejected is a floor on what the checker catches (the idea of
 mutation testing: DeMillo, Lipton and Sayward, "Hints on test data
@@ -42,6 +43,16 @@ def _mutation_sites(tree):
             yield node, "swap comparison"
         elif isinstance(node, ast.Call) and len(node.args) >= 2:
             yield node, "swap arguments"
+        if isinstance(node, ast.Expr) and _is_wait(node.value):
+            yield node, "missing wait"
+        elif isinstance(node, (ast.For, ast.comprehension)):
+            yield node, "reversed order"
+
+
+def _is_wait(node) -> bool:
+    """`something.wait()` (a Work's or a future's), as a statement."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "wait")
 
 
 def _mutate(node, how) -> None:
@@ -53,6 +64,11 @@ def _mutate(node, how) -> None:
         node.op = SWAPS[type(node.op)]()
     elif how == "swap comparison":
         node.ops = [SWAPS[type(node.ops[0])](), *node.ops[1:]]
+    elif how == "missing wait":  # the statement stays, as a no-op: `None`
+        node.value = ast.Constant(None)
+    elif how == "reversed order":  # for x in reversed(list(<iterable>))
+        node.iter = ast.Call(ast.Name("reversed", ast.Load()), [
+            ast.Call(ast.Name("list", ast.Load()), [node.iter], [])], [])
     else:
         node.args[0], node.args[1] = node.args[1], node.args[0]
 
@@ -75,7 +91,8 @@ def mutants(function):
         linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
         namespace = dict(vars(module), __name__="__main__")
         exec(compile(text, filename, "exec"), namespace)
-        yield f"{how} at line {node.lineno}", namespace[function.__name__]
+        line = getattr(node, "lineno", None) or node.iter.lineno  # a comprehension has none
+        yield f"{how} at line {line}", namespace[function.__name__]
 
 
 def rejected(exercise: Exercise, mutant) -> bool:

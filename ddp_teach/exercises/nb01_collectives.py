@@ -2,10 +2,13 @@
 (the alpha-beta fit, appendix A1's exercise, is checked in nbA1_cost_models.py).
 
 Each runs the learner's function where it would really run, on worker
-processes, traced, over every world size from 1 to 4 and every case below:
-lengths 0, 1, 2 (shorter than most world sizes), 5 (not divisible by 2, 3
-or 4) and 1000, in float32, float64 and int64; then, on 2 and 3 ranks, a
-float tensor that requires grad, as a parameter does.
+processes, traced, over every world size from 1 to 5 and every case of
+`CASES` (from cases.py, smallest first): 0-d, empty, 1, 2 (shorter than
+most world sizes), 5, 7 and 13 (odd, prime: not divisible by 2, 3 or 4)
+and 1000 values, 3 x 4 and 5 x 3 matrices, in float32, float64 and
+int64, then strided and transposed views; then, on 2, 3 and 5 ranks, a
+float tensor that requires grad, as a parameter does. A wrong verdict
+shows the smallest case that fails.
 
 What the references (`collectives.ring_allreduce`, `ring_all_gather`)
 guarantee, and how each property is checked:
@@ -25,8 +28,9 @@ guarantee, and how each property is checked:
   at most 2(p-1) chunks of ceil(n/p) elements each way for the all-reduce,
   and (p-1) tensors each way for the all-gather (from the trace's bytes);
 - edge sizes: one rank (nothing to send), empty tensors, lengths below p;
-- shapes: a 0-d tensor, a 3 x 4 matrix and a non-contiguous 3 x 4 view
-  (whose reshape(-1) is a copy, so an in-place answer must write back);
+- shapes: 0-d tensors, matrices and non-contiguous views (a transposed
+  matrix's reshape(-1) is a copy, so an in-place answer must write back;
+  a strided vector's is not contiguous, so isend / irecv need a copy);
   the all-gather's slots have the input's shape.
 
 Processes with different hash seeds cannot differ here: nothing is hashed.
@@ -39,6 +43,7 @@ the mistake actually made.
 """
 import torch
 
+from ddp_teach.exercises.cases import WORLD_SIZES, TensorCase, tensor_cases
 from ddp_teach.exercises.harness import (DEADLOCK_HINT, READ_BEFORE_WAIT_HINT,
                                         attempt, describe_deadlock, is_poisoned,
                                         lands_on_wait, run_learner_code)
@@ -49,19 +54,17 @@ from ddp_teach.exercises.nb01_ring_mistakes import (all_gather_traffic,
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, WRONG, Exercise,
                                          Verdict, register)
 
-WORLD_SIZES = (1, 2, 3, 4, 5)  # small to large, 5 not a power of two
-# (number of elements, dtype, requires_grad, layout): 1-D tensors of every
-# length and dtype, then other shapes: 0-d, a 3 x 4 matrix, and a
-# non-contiguous view (a transposed 4 x 3 matrix, whose reshape(-1) copies)
-CASES = ([(n, d, False, "flat") for n in (0, 1, 2, 5, 1000)
-          for d in ("float32", "float64", "int64")]
-         + [(1, "float64", False, "0-d"), (12, "float32", False, "3 x 4"),
-            (12, "int64", False, "transposed")])
-LAYOUTS = {"flat": lambda v: v, "0-d": lambda v: v.reshape(()),
-           "3 x 4": lambda v: v.reshape(3, 4),
-           "transposed": lambda v: v.reshape(4, 3).T}
+# every contiguous shape of cases.SHAPES (0-d, empty, one element, fewer
+# elements than ranks, odd and prime lengths, two matrices, 1000) in each
+# dtype, then the non-contiguous views (every second element of a vector,
+# whose reshape(-1) is that same strided view; a transposed matrix, whose
+# reshape(-1) is a copy) in a float and an integer dtype; smallest first
+CASES = sorted(tensor_cases(("float32", "float64", "int64"), layouts=("contiguous",))
+               + tensor_cases(("float32", "int64"), shapes=((2,), (5,), (13,), (3, 4), (5, 3)),
+                              layouts=("strided", "transposed")),
+               key=TensorCase.order)
 # checked once the values are right
-GRAD_CASES, GRAD_WORLD_SIZES = [(5, "float32", True, "flat")], (2, 3, 5)
+GRAD_CASES, GRAD_WORLD_SIZES = [TensorCase((5,), "float32", requires_grad=True)], (2, 3, 5)
 CHECK_TIMEOUT_S = 5.0
 ALONE_HINT = ("with one rank there is nobody to send to; return early when "
               "world_size == 1.")
@@ -76,9 +79,10 @@ SHARED_SLOTS_HINT = (
 ERROR_HINTS = {  # a piece of an error's text: the mistake it shows
     "has to be contiguous": (
         "this case's tensor is a non-contiguous view, and isend / irecv need "
-        "contiguous buffers. Work on a contiguous flat copy "
-        "(tensor.detach().reshape(-1), a copy here) and at the end copy the "
-        "result back into the tensor: tensor.copy_(flat.view_as(tensor))."),
+        "contiguous buffers. Work on a contiguous flat copy, flat = "
+        "tensor.detach().reshape(-1).contiguous() (reshape alone keeps a "
+        "strided vector strided), and at the end copy the result back into "
+        "the tensor: tensor.copy_(flat.view_as(tensor))."),
     "index out of range": (
         "an index past the last chunk: tensor.chunk(p) and tensor.split(k) "
         "give fewer than p pieces when the tensor is shorter than p; "
@@ -88,26 +92,6 @@ ERROR_HINTS = {  # a piece of an error's text: the mistake it shows
         "in-place writes to it. dist.all_reduce works on the data outside "
         "autograd: do the same on tensor.detach(), which shares its memory."),
 }
-
-
-def make_input(rank: int, numel: int, dtype: str, requires_grad: bool = False,
-               layout: str = "flat"):
-    """Small integers that differ per rank and per element, so float sums
-    are exact, in the case's shape (a view for "transposed")."""
-    values = ((torch.arange(numel) * 3 % 7 + 1) * (rank + 1) + rank).to(
-        getattr(torch, dtype))
-    values = LAYOUTS[layout](values)
-    return values.requires_grad_() if requires_grad else values
-
-
-def describe_case(numel: int, dtype: str, requires_grad: bool,
-                  layout: str = "flat") -> str:
-    shape = {"flat": f"a tensor of {numel} {dtype} values",
-             "0-d": f"a 0-d {dtype} tensor (shape ())",
-             "3 x 4": f"a 3 x 4 {dtype} matrix",
-             "transposed": f"a non-contiguous 3 x 4 {dtype} view (a 4 x 3 "
-                           "matrix transposed)"}[layout]
-    return shape + (" that requires grad" if requires_grad else "")
 
 
 def _on(world_size: int) -> str:
@@ -165,13 +149,13 @@ def _on_ranks(rank, world_size, fn, cases, in_place):
     error says which case raised it."""
     produced = []
     for case in cases:
-        tensor = make_input(rank, *case)
+        tensor = case.make(rank)
         with lands_on_wait():
             try:
                 returned = attempt(fn, tensor)
             except Exception as error:
                 error.add_note(f"(the checker's input here: "
-                               f"{describe_case(*case)})")
+                               f"{case.describe()})")
                 raise
         if returned is NOT_ATTEMPTED:
             return NOT_ATTEMPTED
@@ -203,48 +187,72 @@ def check_on_ranks(fn, in_place: bool, expected, diagnose, traffic) -> Verdict:
             if problem:
                 return _with_error_hint(problem)
         # every world size's values before any of their communication: a
-        # wrong value names the mistake better than the calls that made it
-        for check in (lambda ws, r: _wrong_value(r, cases, ws, expected, diagnose),
-                      lambda ws, r: _communication_problem(r.timeline, cases, ws,
-                                                           traffic)):
+        # wrong value names the mistake better than the calls that made it;
+        # but the contiguous tensors' values first, then the calls, then the
+        # views' values: gloo's all_reduce reads a strided view's storage as
+        # if it were contiguous and sums the wrong elements, so an answer
+        # that calls it fails first on a view, for the call's sake
+        for check in (lambda ws, r: _wrong_value(r, cases, ws, expected, diagnose,
+                                                 contiguous_only=True),
+                      lambda ws, r: _collective_used(r.timeline, ws),
+                      lambda ws, r: _wrong_value(r, cases, ws, expected, diagnose),
+                      lambda ws, r: _too_many_bytes(r.timeline, cases, ws,
+                                                    traffic)):
             problem = next(filter(None, (check(ws, r) for ws, r in runs.items())),
                            None)
             if problem:
                 return Verdict(WRONG, problem)
-    return Verdict(CORRECT, f"tried world sizes {WORLD_SIZES}, tensor lengths "
-                            f"{sorted({c[0] for c in CASES})}, dtypes "
-                            f"{sorted({c[1] for c in CASES})}, a 0-d tensor, a "
-                            "matrix, a non-contiguous view and a tensor "
-                            "that requires grad; point-to-point messages only, "
+    return Verdict(CORRECT, f"tried world sizes {WORLD_SIZES}; {len(CASES)} "
+                            "tensors from the smallest up: 0-d, empty, 1, 2, "
+                            "5, 7, 13 and 1000 values, 3 x 4 and 5 x 3 "
+                            f"matrices, in {', '.join(sorted({c.dtype for c in CASES}))}; "
+                            "strided and transposed views; and a tensor "
+                            "that requires grad. Point-to-point messages only, "
                             "no more bytes than the algorithm needs.")
 
 
-def _wrong_value(results, cases, world_size, expected, diagnose) -> str | None:
-    """What a wrong result looked like, with the hint that fits, or None."""
-    # largest tensors first: on a tiny tensor different mistakes look alike
-    for index, case in sorted(enumerate(cases), key=lambda c: -c[1][0]):
-        inputs = [make_input(r, *case) for r in range(world_size)]
+def _wrong_value(results, cases, world_size, expected, diagnose,
+                 contiguous_only: bool = False) -> str | None:
+    """What a wrong result looked like on the smallest case that fails
+    (cases are ordered smallest first), with the hint that fits, or None.
+    The hint is read on the largest case that fails (contiguous first):
+    on a tiny tensor different mistakes look alike (a chunk off by one
+    and a missing contribution give the same single value)."""
+    failing = []  # (case index, rank, hint), smallest case first
+    for index, case in enumerate(cases):
+        if contiguous_only and case.layout != "contiguous":
+            continue
+        inputs = [case.make(r) for r in range(world_size)]
         for rank in range(world_size):
             outcome = results[rank][index]
             hint = (SHARED_SLOTS_HINT if outcome["shared_slots"]
                     else READ_BEFORE_WAIT_HINT if is_poisoned(outcome["value"])
                     else diagnose(outcome, inputs, rank))
             if hint:
-                return (f"{_on(world_size)}, rank {rank}, "
-                        f"{describe_case(*case)}:\n"
-                        f"  this rank's input  {_show(inputs[rank])}\n"
-                        f"  expected           {_show(expected(inputs))}\n"
-                        f"  got                {_show(outcome['value'])}\n"
-                        f"Hint: {hint}")
-    return None
+                failing.append((index, rank, hint))
+                break
+    if not failing:
+        return None
+    index, rank, _ = failing[0]
+    largest_index, _, hint = min(failing, key=lambda f: (
+        -cases[f[0]].numel, cases[f[0]].layout != "contiguous", f[0]))
+    case = cases[index]
+    inputs = [case.make(r) for r in range(world_size)]
+    read_on = ("" if largest_index == index else
+               f" (read on the largest case that fails, "
+               f"{cases[largest_index].describe()}, where mistakes are told "
+               f"apart more easily)")
+    return (f"{_on(world_size)}, rank {rank}, {case.describe()} (the "
+            f"smallest case that fails):\n"
+            f"  this rank's input  {_show(inputs[rank])}\n"
+            f"  expected           {_show(expected(inputs))}\n"
+            f"  got                {_show(results[rank][index]['value'])}\n"
+            f"Hint{read_on}: {hint}")
 
 
-def _communication_problem(timeline, cases, world_size, traffic) -> str | None:
-    """None when every rank used only point-to-point calls and moved no
-    more bytes than the algorithm needs, else what was wrong, with a hint."""
-    allowed = sum(traffic(numel, torch.tensor([], dtype=getattr(torch, dtype))
-                          .element_size(), world_size)
-                  for numel, dtype, *_ in cases)
+def _collective_used(timeline, world_size) -> str | None:
+    """None when every rank used only point-to-point calls, else which
+    collective a rank called, with a hint."""
     for rank in range(world_size):
         events = [e for e in timeline.for_rank(rank) if e.kind == "comm"]
         used = sorted({e.name for e in events} - P2P_CALLS - NOT_DATA)
@@ -253,6 +261,16 @@ def _communication_problem(timeline, cases, world_size, traffic) -> str | None:
                     "\nHint: the exercise builds the collective from "
                     "point-to-point messages alone: dist.isend / dist.irecv "
                     "(or send / recv).")
+    return None
+
+
+def _too_many_bytes(timeline, cases, world_size, traffic) -> str | None:
+    """None when no rank moved more bytes than the algorithm needs, else
+    how many it moved, with a hint."""
+    allowed = sum(traffic(case.numel, torch.tensor([], dtype=getattr(
+        torch, case.dtype)).element_size(), world_size) for case in cases)
+    for rank in range(world_size):
+        events = [e for e in timeline.for_rank(rank) if e.kind == "comm"]
         moved = _bytes_moved(events)
         if moved > allowed:
             return (f"{_on(world_size)}, rank {rank} sent and received {moved:,} bytes over all "

@@ -37,10 +37,11 @@ def diagnose_all_reduce(outcome, inputs, rank) -> str | None:
         return None
     if same(got, inputs[rank]) and not inputs[rank].is_contiguous():
         return ("the tensor did not change, and it is not contiguous (a "
-                "transposed view): tensor.reshape(-1) (or .flatten(), "
-                ".contiguous()) then returns a COPY, so writes into it never "
-                "reach the tensor. Work on that flat copy and copy the result "
-                "back at the end: tensor.copy_(flat.view_as(tensor)).")
+                "view): tensor.contiguous() then returns a COPY, and so do "
+                "reshape(-1) and .flatten() of a transposed matrix, so writes "
+                "into it never reach the tensor. Work on that flat copy and "
+                "copy the result back at the end: "
+                "tensor.copy_(flat.view_as(tensor)).")
     if same(got, inputs[rank]):
         return ("the tensor did not change. Write the result into `tensor` "
                 "itself (tensor[...] = ..., chunk.add_(...)): `tensor = ...` "
@@ -50,8 +51,8 @@ def diagnose_all_reduce(outcome, inputs, rank) -> str | None:
                 "by the world size itself, afterwards).")
     if same(got, expected - inputs[rank]):
         return "the sum is missing this rank's own data: add your own chunk too."
-    wrong = [i for i, (g, e) in enumerate(zip(got.tensor_split(world_size),
-                                              expected.tensor_split(world_size)))
+    wrong = [i for i, (g, e) in enumerate(zip(got.reshape(-1).tensor_split(world_size),
+                                              expected.reshape(-1).tensor_split(world_size)))
              if not same(g, e)]
     if len(wrong) < world_size:
         return (f"chunks {wrong} are wrong while the others are right: check "

@@ -16,11 +16,18 @@ below.
 """
 import torch
 
+from ddp_teach.exercises.cases import container_cases
+from ddp_teach.exercises.difference import first_difference
 from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
                                          WRONG, Exercise, Verdict, register)
 
 # the calls that cut a tensor off its autograd graph, for hints
 CUT_GRAPH = ".detach(), .data, torch.tensor(...) or .clone().detach()"
+NAMEDTUPLE_HINT = ("a namedtuple (a tuple with field names, as a batch often "
+                   "is) is built from its fields one by one: "
+                   "type(obj)(*items) (or type(obj)._make(items)), not "
+                   "type(obj)(items); test for it "
+                   "with hasattr(obj, '_fields').")
 
 
 def run_here(call, error_hints=()):
@@ -70,6 +77,31 @@ def describe(obj) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def leaves(obj) -> list:
+    """The tensors in a structure, in order (keys in their order)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in leaves(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in leaves(v)]
+    return []
+
+
+def first_value_off(got, want) -> str:
+    """"\n  first difference: tensor 2 ... expected 4, got 5" when `got`
+    holds as many tensors as `want` with the same shapes, so that only
+    values can differ; "" otherwise (the shapes above say it)."""
+    mine, theirs = leaves(got), leaves(want)
+    if len(mine) != len(theirs) or any(
+            a.shape != b.shape for a, b in zip(mine, theirs)) or any(
+            a.device.type == "meta" for a in mine):
+        return ""
+    differ = first_difference([t.detach() for t in mine],
+                              [t.detach() for t in theirs], atol=0, rtol=0)
+    return f"\n  first difference: {differ}" if differ else ""
+
+
 def values(obj, most: int = 8) -> str:
     """A tensor's first values, for messages where shapes alone look alike."""
     if not isinstance(obj, torch.Tensor):
@@ -86,47 +118,46 @@ def rows(tensor) -> int | None:
 
 # ---------------------------------------------------------------- scatter
 
-def _scatter_cases():
-    """(inputs, device count): uneven, more devices than a chunk fills,
-    fewer rows than devices, one device, nested containers, containers of
-    one item, and an empty one (passed to every device as it is)."""
-    batch = torch.arange(20.0).reshape(10, 2)
-    mask = torch.arange(10) % 2 == 0
-    return [(batch, 3), (batch, 4), (batch[:9], 4), (batch[:2], 3), (batch, 1),
-            ((batch, {"mask": mask, "scale": 2.0}, "tag"), 3), ([batch, mask], 2),
-            (((batch,), {"mask": mask}, [], {}), 2)]
-
-
 def check_scatter(fn) -> Verdict:
     """dt.dp.scatter guarantees, for a tensor or any nesting of tuples,
     lists and dicts over n devices:
 
     1. pieces: a list of tensor.chunk(n, dim=0)'s pieces, in order, so
-       ceil(rows / n) rows each (10 on 3: 4, 4, 2; 9 on 4: 3, 3, 3);
+       ceil(rows / n) rows each (10 on 3: 4, 4, 2; 9 on 4: 3, 3, 3), for
+       1-D and 2-D batches, contiguous or not;
     2. no empty piece: fewer rows than devices give fewer pieces, and one
        device gives the whole batch as one piece;
-    3. structure: a tuple, list or dict comes back as one of the same type
-       (same keys) per piece, and non-tensors go to every piece unchanged;
+    3. structure: a tuple (namedtuples too), list or dict comes back as
+       one of the same type (same keys) per piece, and non-tensors go to
+       every piece unchanged;
     4. gradient flow: the pieces stay in the input's autograd graph, so a
        DataParallel wrapping a layer inside a model passes the gradient on;
     5. devices: piece d is on devices[d], checked with ["cpu", "meta"]
        (meta: shapes without values), nested containers included.
+
+    Properties 1 to 3 are tried on `cases.container_cases()`, smallest
+    first, so a verdict shows the smallest input that fails, with the
+    first value that differs when the shapes agree.
     """
     from ddp_teach import dp
-    for inputs, n in _scatter_cases():
+    for case in container_cases():
+        inputs, n = case.build(), case.devices
         devices = ["cpu"] * n
         got, failed = run_here(lambda: fn(inputs, devices), [
             ("attribute 'chunk'", "inputs may be a tuple, list or dict: keep "
              "the container and split only the tensors inside it."),
             ("attribute 'split'", "inputs may be a tuple, list or dict: keep "
-             "the container and split only the tensors inside it.")])
+             "the container and split only the tensors inside it."),
+            ("required positional argument", NAMEDTUPLE_HINT)])
         if failed:
-            return failed
+            return Verdict(failed.status, f"scattering {case.describe()}: "
+                           f"{failed.message}") if failed.status == WRONG else failed
         want = dp.scatter(inputs, devices)
         if isinstance(got, (list, tuple)) and same(list(got), want):
             continue
-        shown = (f"scattering {describe(inputs)} over {n} devices: expected "
-                 f"{len(want)} pieces {describe(want)}, got {describe(got)}.")
+        shown = (f"scattering {case.describe()}:\n  expected {len(want)} "
+                 f"pieces {describe(want)}\n  got {describe(got)}"
+                 f"{first_value_off(got, want)}")
         return Verdict(WRONG, f"{shown}\nHint: {_scatter_hint(got, want, inputs, n)}")
     return _scatter_on_the_devices(fn) or _scatter_keeps_the_graph(fn)
 
@@ -165,16 +196,20 @@ def _scatter_hint(got, want, inputs, n) -> str:
         if same(list(got), [p for p in (inputs[i::n] for i in range(n)) if len(p)]):
             return ("piece i holds consecutive rows, a slice of the batch as "
                     "tensor.chunk cuts it, not every n-th row (x[i::n]).")
+        empty = ("a batch that chunk cuts into fewer pieces than devices "
+                 "gives fewer pieces: do not make empty ones.")
         if sizes == [len(p) for p in inputs.tensor_split(n)] != [len(p) for p in want]:
-            return ("torch splits with tensor.chunk: ceil(rows / n) rows per "
-                    "piece (10 on 3 devices is 4, 4, 2; 9 on 4 is 3, 3, 3), "
-                    "not tensor_split.")
+            # on a batch with fewer rows than devices, tensor_split's pieces
+            # are chunk's plus empty ones: both mistakes look alike there
+            return (empty + " " if 0 in sizes else "") + (
+                "torch splits with tensor.chunk: ceil(rows / n) rows per "
+                "piece (10 on 3 devices is 4, 4, 2; 9 on 4 is 3, 3, 3), "
+                "not tensor_split, which always makes n pieces.")
         if sizes == [len(p) for p in inputs.split(n)]:
             return ("torch.split(x, k) cuts pieces of k rows each; "
                     "tensor.chunk(k) cuts k pieces. Use chunk(len(devices)).")
         if 0 in sizes or len(got) > len(want):
-            return ("a batch that chunk cuts into fewer pieces than devices "
-                    "gives fewer pieces: do not make empty ones.")
+            return empty
         if len(got) == len(want) and all(
                 isinstance(p, torch.Tensor) and p.shape == w.shape
                 for p, w in zip(got, want)):
@@ -184,6 +219,10 @@ def _scatter_hint(got, want, inputs, n) -> str:
             return ("split along dimension 0 (the batch), not along the "
                     "features: chunk(len(devices), dim=0).")
         return "split along dim 0 with tensor.chunk(len(devices)), then .to(device)."
+    if got and want and hasattr(want[0], "_fields") and \
+            type(got[0]) is not type(want[0]):
+        return (f"each piece of a namedtuple {type(want[0]).__name__} must be "
+                f"one again (got a {type(got[0]).__name__}): {NAMEDTUPLE_HINT}")
     if got and want and type(got[0]) is not type(want[0]):
         return (f"each piece of a {type(inputs).__name__} must be a "
                 f"{type(want[0]).__name__} again (got a "
@@ -233,8 +272,10 @@ def _scatter_keeps_the_graph(fn) -> Verdict:
         return Verdict(WRONG, "the gradients of the pieces did not come back "
                        "to the rows they were cut from.\nHint: cut with "
                        "chunk (views of the batch), not with a copy.")
-    return Verdict(CORRECT, "uneven batches, fewer rows than devices, one "
-                   "device, nested tuples, lists and dicts, and the gradient "
+    return Verdict(CORRECT, "1-D, 2-D and non-contiguous batches of 1 to 13 "
+                   "rows on 1 to 5 devices (7 and 13 rows: not divisible), "
+                   "fewer rows than devices, nested tuples, lists, dicts and "
+                   "namedtuples, pieces on their devices, and the gradient "
                    "flows back to the input.")
 
 

@@ -8,6 +8,7 @@ whether the replicas ran in threads of their own, all at once.
 import torch
 from torch import nn
 
+from ddp_teach.exercises.difference import first_difference
 from ddp_teach.exercises.nb02_dataparallel import CUT_GRAPH, describe, run_here, values
 from ddp_teach.exercises.nb02_threads import Meeting, Probe, probe_pieces
 from ddp_teach.exercises.registry import CORRECT, WRONG, Exercise, Verdict, register
@@ -25,15 +26,20 @@ class _TwoInputs(nn.Module):
         return self.linear(x) * w
 
 
-TOLERANCE = dict(rtol=1e-10, atol=1e-12)  # float64; sums of at most 10 terms
+TOLERANCE = dict(rtol=1e-10, atol=1e-12)  # float64; sums of at most 13 terms
+# (devices, rows), smallest batch first: one row alone, as many rows as
+# devices, fewer rows than devices, then uneven splits (5, 7, 13: prime)
+FORWARD_CASES = ((1, 1), (2, 2), (4, 3), (2, 5), (3, 7), (4, 10), (5, 13))
 
 
 def check_data_parallel(fn) -> Verdict:
     """dt.dp.data_parallel_forward guarantees, for a module, inputs and devices:
 
-    1. output: module(inputs), for a batch that splits unevenly (10 rows on
-       1 to 4 devices) and one smaller than the device count (3 rows on 4:
-       3 pieces, so 3 replicas);
+    1. output: module(inputs), on `FORWARD_CASES`, smallest first: one
+       row on one device, batches that split unevenly (5, 7, 10 and 13
+       rows on 2 to 5 devices) and one smaller than the device count (3
+       rows on 4: 3 pieces, so 3 replicas); a verdict shows the smallest
+       case that fails and the first value that differs;
     2. gradient: backward from the output puts the full batch's gradient
        into the module's own parameters' .grad;
     3. parallel: one replica per piece (not the original module, not one
@@ -45,17 +51,17 @@ def check_data_parallel(fn) -> Verdict:
     """
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 1)).double()
-    batch = torch.randn(10, 3, dtype=torch.float64)
-    for n, x in ((1, batch), (2, batch), (3, batch), (4, batch), (4, batch[:3])):
-        verdict = _same_as_one_device(fn, module, x, n)
+    batch = torch.randn(13, 3, dtype=torch.float64)
+    for n, rows in FORWARD_CASES:
+        verdict = _same_as_one_device(fn, module, batch[:rows], n)
         if verdict is not None:
             return verdict
-    return (_runs_in_parallel(fn) or _fresh_replicas(fn, module, batch)
+    return (_runs_in_parallel(fn) or _fresh_replicas(fn, module, batch[:10])
             or _tuple_inputs(fn) or
             Verdict(CORRECT, "outputs and gradients equal a full-batch run on "
-                    "1 to 4 devices (uneven pieces, a batch smaller than the "
-                    "device count), replicas in parallel threads and made "
-                    "afresh at every call, tuple inputs."))
+                    "1 to 5 devices (1 to 13 rows, uneven pieces, a batch "
+                    "smaller than the device count), replicas in parallel "
+                    "threads and made afresh at every call, tuple inputs."))
 
 
 def _same_as_one_device(fn, module, x, n) -> Verdict | None:
@@ -68,14 +74,17 @@ def _same_as_one_device(fn, module, x, n) -> Verdict | None:
     if failed:
         return _with_hint(failed, f"{len(x)} rows {_on(n)}", small)
     if not isinstance(out, torch.Tensor) or out.shape != want_out.shape:
-        return Verdict(WRONG, f"{_on(n)} the output is {describe(out)}, "
+        return Verdict(WRONG, f"a batch of {len(x)} rows {_on(n)}: the output is {describe(out)}, "
                        f"expected {describe(want_out)}.\nHint: gather the "
                        f"replicas' outputs back into one batch{'; ' if small else '.'}{small}")
     if not torch.allclose(out, want_out, **TOLERANCE):
-        return Verdict(WRONG, f"{_on(n)} the output differs from "
-                       f"module(batch): expected {values(want_out)}, got "
-                       f"{values(out)}.\nHint: every row of the batch must go "
-                       f"through exactly one replica, in order.")
+        differ = first_difference([out.detach()], [want_out.detach()], ["output"],
+                                  **TOLERANCE)
+        return Verdict(WRONG, f"a batch of {len(x)} rows {_on(n)}: the output "
+                       f"differs from module(batch): {differ}\n  expected "
+                       f"{values(want_out)}\n  got      {values(out)}\nHint: "
+                       f"every row of the batch must go through exactly one "
+                       f"replica, in order.")
     if not out.requires_grad:
         return _no_gradient(n)
     _, failed = run_here(lambda: out.square().mean().backward(), [(
@@ -88,8 +97,11 @@ def _same_as_one_device(fn, module, x, n) -> Verdict | None:
     if all(g is None or not g.any() for g in got):
         return _no_gradient(n)
     if any(g is None or not torch.allclose(g, w, **TOLERANCE) for g, w in zip(got, want)):
-        return Verdict(WRONG, f"{_on(n)} the gradients differ from a "
-                       "single-device run of the whole batch.\nHint: make the "
+        differ = first_difference(got, want, [f"{name}.grad" for name, _ in
+                                              module.named_parameters()], **TOLERANCE)
+        return Verdict(WRONG, f"a batch of {len(x)} rows {_on(n)}: the gradients "
+                       f"differ from a single-device run of the whole batch: "
+                       f"{differ}\nHint: make the "
                        "replicas with replicate (differentiable copies), so "
                        "that every replica's gradient flows back.")
     return None

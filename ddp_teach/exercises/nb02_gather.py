@@ -5,9 +5,26 @@ nb02_dataparallel.py, whose helpers it uses): the learner's
 """
 import torch
 
-from ddp_teach.exercises.nb02_dataparallel import (CUT_GRAPH, describe, rows,
-                                                   run_here, same, values)
+from ddp_teach.exercises.cases import container_cases
+from ddp_teach.exercises.nb02_dataparallel import (CUT_GRAPH, NAMEDTUPLE_HINT,
+                                                   describe, first_value_off,
+                                                   rows, run_here, same,
+                                                   values)
 from ddp_teach.exercises.registry import CORRECT, WRONG, Exercise, Verdict, register
+
+
+def gather_cases():
+    """The container cases whose every leaf is a tensor (or an empty
+    container): what a gather's contract covers. torch's gather_map
+    cannot gather a number or a string (torch/nn/parallel/scatter_gather.py
+    rebuilds it with type(out)(map(...)))."""
+    def tensors_only(obj):
+        if isinstance(obj, dict):
+            return all(tensors_only(v) for v in obj.values())
+        if isinstance(obj, (list, tuple)):
+            return all(tensors_only(v) for v in obj)
+        return isinstance(obj, torch.Tensor)
+    return [case for case in container_cases() if tensors_only(case.build())]
 
 
 def check_gather(fn) -> Verdict:
@@ -15,18 +32,22 @@ def check_gather(fn) -> Verdict:
 
     1. values: the tensors joined along dim 0 (torch.cat), in device order,
        for uneven pieces and for one device;
-    2. structure: tuples, lists and dicts are gathered element by element
-       and keep their type and keys;
+    2. structure: tuples (namedtuples too), lists and dicts are gathered
+       element by element and keep their type and keys;
     3. gradient flow: the result's gradient is cut back into the pieces' (a
        gather that detaches lets DataParallel train with no gradient);
     4. the target device: the result is on `target`, checked with "meta"
        (shapes without values), where a gather that ignores it stays on
        the CPU.
+
+    Properties 1 and 2 are tried on the pieces that dt.dp.scatter cuts
+    from `gather_cases()`, smallest first, against dt.dp.gather: a
+    verdict shows the smallest failing case, and the first value that
+    differs when the shapes agree.
     """
     from ddp_teach import dp
-    batch = torch.arange(30.0).reshape(10, 3)
-    for inputs, n in ((batch, 3), (batch, 1), ((batch, {"y": batch[:, 0]}), 4),
-                      ([batch, batch[:, :1]], 2)):
+    for case in gather_cases():
+        inputs, n = case.build(), case.devices
         pieces = dp.scatter(inputs, ["cpu"] * n)
         got, failed = run_here(lambda: fn(pieces, "cpu"), [
             ("stack expects", "torch.stack adds a dimension (and needs equal "
@@ -42,14 +63,19 @@ def check_gather(fn) -> Verdict:
              "torch.cat(pieces, dim=0)."),
             ("must match the size of tensor", "gather joins the rows of the "
              "pieces, it does not add them (adding is what the gradients' "
-             "reduce does): torch.cat(pieces, dim=0).")])
+             "reduce does): torch.cat(pieces, dim=0)."),
+            ("required positional argument", NAMEDTUPLE_HINT)])
         if failed:
-            return failed
-        if same(got, inputs):
+            return Verdict(failed.status, f"gathering the pieces of "
+                           f"{case.describe()}: {failed.message}") \
+                if failed.status == WRONG else failed
+        want = dp.gather(pieces, "cpu")
+        if same(got, want):
             continue
-        shown = (f"gathering {describe(pieces)}: expected {describe(inputs)}, "
-                 f"got {describe(got)}.\nHint: ")
-        return Verdict(WRONG, shown + _gather_hint(got, inputs, pieces, n))
+        shown = (f"gathering the pieces of {case.describe()}, "
+                 f"{describe(pieces)}:\n  expected {describe(want)}\n  got "
+                 f"{describe(got)}{first_value_off(got, want)}\nHint: ")
+        return Verdict(WRONG, shown + _gather_hint(got, want, pieces, n))
     return _gather_on_the_target(fn) or _gather_keeps_the_graph(fn)
 
 
@@ -83,12 +109,24 @@ def _gather_hint(got, inputs, pieces, n) -> str:
                     "joins the batch back.")
         if n > 1 and same(got, torch.cat(pieces[::-1])):
             return "keep the devices' order."
+        if n > 1 and len({p.shape for p in pieces}) == 1 and same(got, sum(pieces)):
+            return ("gather joins the rows of the pieces, it does not add "
+                    "them (adding is what the gradients' reduce does): "
+                    "torch.cat(pieces, dim=0).")
         if got.shape != inputs.shape and got.dim() == inputs.dim() \
                 and rows(got) == rows(pieces[0]):
             return "join along dimension 0 (the batch): torch.cat(pieces, dim=0)."
         return f"the values differ: expected {values(inputs)}, got {values(got)}."
     if isinstance(got, list) and len(got) == n > 1 and not isinstance(inputs, list):
         return "return one tensor (or one structure), not a list of pieces."
+    if n > 1 and isinstance(inputs, (list, tuple)) and isinstance(got, (list, tuple)) \
+            and len(got) == len(inputs) and any(
+                isinstance(first, torch.Tensor) and same(mine, first)
+                and not same(first, whole)
+                for mine, first, whole in zip(got, pieces[0], inputs)):
+        return ("gather element by element: some elements of the result are "
+                "device 0's alone. A tuple of outputs gives a tuple of "
+                "gathered tensors, a dict a dict with the same keys.")
     if type(got) is not type(inputs):
         return (f"each device's output is a {type(inputs).__name__}, so the "
                 f"gathered one is a {type(inputs).__name__} too (got a "
@@ -125,9 +163,10 @@ def _gather_keeps_the_graph(fn) -> Verdict:
         return Verdict(WRONG, "backward through the gathered output did not "
                        "give each piece the gradient of its own rows.\nHint: "
                        "join with torch.cat in device order.")
-    return Verdict(CORRECT, "tensors from 1, 2, 3 and 4 devices, a tuple "
-                   "holding a dict, a list, and the gradient flows back to "
-                   "every piece.")
+    return Verdict(CORRECT, "1-D, 2-D and non-contiguous tensors from 1 to 5 "
+                   "devices, uneven pieces, nested tuples, lists, dicts and "
+                   "namedtuples, the result on the target device, and the "
+                   "gradient flows back to every piece.")
 
 
 register(Exercise(

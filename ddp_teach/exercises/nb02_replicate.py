@@ -9,6 +9,8 @@ with the original's to float64 rounding.
 import torch
 from torch import nn
 
+from ddp_teach.exercises.cases import WORLD_SIZES
+from ddp_teach.exercises.difference import first_difference
 from ddp_teach.exercises.nb02_dataparallel import describe, run_here
 from ddp_teach.exercises.registry import CORRECT, WRONG, Exercise, Verdict, register
 
@@ -47,7 +49,7 @@ def check_replicate(fn) -> Verdict:
     """dt.dp.replicate guarantees, for a module and n devices:
 
     1. a list of n modules (one for one device), each computing what the
-       original computes;
+       original computes, on 1 to 5 devices, smallest first;
     2. the original untouched: the same Parameter objects, values and
        buffers after the call;
     3. new objects: no replica is the original or another replica, nor
@@ -76,36 +78,42 @@ def check_replicate(fn) -> Verdict:
         verdict = check(fn, module, replicas, x, before)
         if verdict is not None:
             return verdict
-    return Verdict(CORRECT, "1 and 3 replicas; each computes what the original "
+    return Verdict(CORRECT, "1 to 5 replicas; each computes what the original "
                    "does with copies of its own; gradients sum into the "
                    "original; tied weights stay tied; None stays None; "
                    "buffers are copies; the original is untouched.")
 
 
 def _one_working_replica_per_device(fn, module, replicas, x, before):
-    if not isinstance(replicas, (list, tuple)) or len(replicas) != 3 or not all(
-            isinstance(r, nn.Module) for r in replicas):
-        return Verdict(WRONG, f"for 3 devices your function returned "
-                       f"{describe(replicas)}.\nHint: return a list with one "
-                       f"replica (an nn.Module) per device.")
-    one, failed = run_here(lambda: fn(_Tied(), ["cpu"]))
-    if failed:
-        return failed
-    if not isinstance(one, (list, tuple)) or len(one) != 1:
-        return Verdict(WRONG, f"for one device your function returned "
-                       f"{describe(one)}.\nHint: one device, one replica: a "
-                       f"list of one.")
-    want = module(x)
-    for i, replica in enumerate(replicas):
-        got, failed = run_here(lambda: replica(x))
+    """Property 1 on 1 to 5 devices, smallest first (the 3 replicas made
+    for the other properties are the 3-device case)."""
+    for n in WORLD_SIZES:
+        original = module if n == 3 else _Tied()
+        made, failed = (replicas, None) if n == 3 else run_here(
+            lambda: fn(original, ["cpu"] * n))
         if failed:
-            return Verdict(WRONG, f"calling replica {i}: {failed.message}")
-        if not (isinstance(got, torch.Tensor) and got.shape == want.shape
-                and torch.allclose(got, want, **TOLERANCE)):
-            return Verdict(WRONG, f"replica {i} computes {describe(got)} "
-                           f"that differs from the original's output.\nHint: "
-                           f"a replica copies the values of every parameter "
-                           f"and buffer, and keeps the module's code.")
+            return Verdict(failed.status, f"for {n} device{'s' * (n > 1)}: "
+                           f"{failed.message}") if failed.status == WRONG else failed
+        if not isinstance(made, (list, tuple)) or len(made) != n or not all(
+                isinstance(r, nn.Module) for r in made):
+            one = " a list of one." if n == 1 else ""
+            return Verdict(WRONG, f"for {n} device{'s' * (n > 1)} your function "
+                           f"returned {describe(made)}.\nHint: return a list "
+                           f"with one replica (an nn.Module) per device.{one}")
+        want = original(x)
+        for i, replica in enumerate(made):
+            got, failed = run_here(lambda: replica(x))
+            if failed:
+                return Verdict(WRONG, f"calling replica {i} of {n}: {failed.message}")
+            if not (isinstance(got, torch.Tensor) and got.shape == want.shape
+                    and torch.allclose(got, want, **TOLERANCE)):
+                differ = (first_difference([got.detach()], [want.detach()],
+                                           ["output"], **TOLERANCE)
+                          if isinstance(got, torch.Tensor) else describe(got))
+                return Verdict(WRONG, f"replica {i} of {n} computes another "
+                               f"output than the original: {differ}.\nHint: "
+                               f"a replica copies the values of every parameter "
+                               f"and buffer, and keeps the module's code.")
     return None
 
 

@@ -114,6 +114,13 @@ UNPACK_HINT = ("an input that is a tuple holds the replica's positional "
                "arguments: call replicas[i](*inputs[i]).")
 
 
+# (replicas, inputs are tuples, grad mode on), smallest first: one replica
+# (which may run in the caller's thread, as torch's does), two, three; then
+# tuple inputs, then grad mode off
+APPLY_CASES = ((1, False, True), (2, False, True), (3, False, True),
+               (3, True, True), (3, False, False))
+
+
 def check_parallel_apply(fn) -> Verdict:
     """dt.dp.parallel_apply guarantees, for n replicas, inputs and devices:
 
@@ -129,10 +136,13 @@ def check_parallel_apply(fn) -> Verdict:
     5. errors: an exception in a replica's thread is raised in the caller,
        naming the replica (or its device) and keeping the message;
     6. one replica works too.
+
+    Properties 1 to 4 are tried on `APPLY_CASES`, smallest first, and a
+    verdict names the case that failed first (replicas, tuple inputs,
+    grad mode) with the expected and received output.
     """
     from ddp_teach import dp
-    for n, extra, grad in ((3, False, True), (3, True, True), (3, False, False),
-                           (1, False, True)):
+    for n, extra, grad in APPLY_CASES:
         meeting = Meeting(n)
         replicas = dp.replicate(Probe(meeting), ["cpu"] * n)
         pieces = probe_pieces(n)
@@ -150,7 +160,10 @@ def check_parallel_apply(fn) -> Verdict:
                                               "that is the 'parallel'.")
         verdict = verdict or _grad_mode_verdict(got, meeting, grad)
         if verdict is not None:
-            return verdict
+            case = (f"{n} replica{'s' * (n > 1)}"
+                    + (", each input a tuple (x, extra)" if extra else "")
+                    + ("" if grad else ", under torch.no_grad()"))
+            return Verdict(verdict.status, f"with {case}: {verdict.message}")
     return _error_verdict(fn)
 
 

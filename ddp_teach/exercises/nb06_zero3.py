@@ -17,6 +17,12 @@ input of its own):
   check needs) every tensor Python can still reach is inspected, so full
   parameters kept on the module or in a global are caught, and the module
   must still have its meta parameters;
+- one full copy at a time (peak memory): when the forward starts
+  (`torch.func.functional_call` is called) the tensors made by the call
+  that are larger than one shard hold at most the full unit's bytes
+  (N x shard), as the reference's one gathered vector, cut by views,
+  does; copies of the parameters beside it are caught (measured by
+  scanning the tensors Python can reach, as for "nothing kept");
 - any collective that assembles the shards will do: an all-reduce of a
   zero-padded buffer is right, and the verdict says what it costs (twice
   an all-gather's bytes); on one rank no collective is needed at all;
@@ -72,6 +78,16 @@ def _reachable_storages() -> dict:
             if issubclass(type(t), torch.Tensor) and t.device.type == "cpu"}
 
 
+def _gathered_bytes_alive(before: dict, shard_bytes: int) -> int:
+    """Bytes of the CPU tensors made since `before` that are larger than
+    one shard: the full parameters, and copies of them, alive now. A list
+    all-gather's slots, one shard each, are left out: that style (right,
+    issue 34) holds them beside their torch.cat until it returns, and the
+    cat is counted."""
+    return sum(nbytes for address, nbytes in _reachable_storages().items()
+               if address not in before and nbytes > shard_bytes)
+
+
 def _watch(record):
     """Count the all-gathers and note the shapes given to functional_call;
     returns a function that puts torch's own back."""
@@ -91,6 +107,9 @@ def _watch(record):
         if isinstance(params, dict):
             record["shapes"] = {n: tuple(getattr(t, "shape", ()))
                                 for n, t in params.items()}
+        if "before" in record and "held_at_forward" not in record:
+            record["held_at_forward"] = _gathered_bytes_alive(
+                record["before"], record["shard_bytes"])
         return real_call(module, params, *args, **kwargs)
 
     for name, gather in real.items():
@@ -119,12 +138,17 @@ def _gather_forward_on_ranks(rank, world_size, fn):
     shard = flat_slice(list(unit.parameters()), 0, padded).chunk(world_size)[rank].clone()
     module = copy.deepcopy(unit).to("meta")  # names and shapes, no values
     del unit
-    record = {"gathered": False, "shapes": None}
+    record = {"gathered": False, "shapes": None,
+              "shard_bytes": shard.untyped_storage().nbytes()}
     restore = _watch(record)
     try:
+        x = _input(rank)
         before = _reachable_storages()
+        if world_size > 1:  # on one rank the shard is the whole unit
+            record["before"] = before
         with torch.no_grad():
-            output = fn(module, shard, _input(rank))
+            output = fn(module, shard, x)
+        record.pop("before", None)  # measured in this first call only
         output, unusable = _describe_output(output)
         if unusable:
             return dict(record, unusable=unusable)
@@ -147,6 +171,7 @@ def _gather_forward_on_ranks(rank, world_size, fn):
         return dict(record, error=f"{type(err).__name__}: {err}")
     finally:
         restore()
+        record.pop("before", None)
     return dict(record, output=output.detach().clone(), kept_bytes=kept,
                 module_changed=any(p.device.type != "meta" for p in module.parameters()),
                 differentiable=differentiable, x_grad=x.grad)
@@ -233,6 +258,15 @@ def _first_problem(got, want, own_first, world_size) -> str | None:
                 f"parameters in local variables only, not on the module or "
                 f"in a global: ZeRO-3 frees them after the forward, so only "
                 f"the shard stays.")
+    held = got.get("held_at_forward", 0)
+    if held > full_bytes:
+        return (f"the output is right, but while the forward ran {held} bytes "
+                f"of gathered parameters were alive, {held / full_bytes:.2g} "
+                f"times the full unit ({full_bytes} bytes).\nHint: ZeRO-3 "
+                f"holds one full copy of a unit at a time: gather into one "
+                f"flat tensor and cut the parameters from it as views "
+                f"(full[a:b].view(shape)), with no .clone(), "
+                f".contiguous() or torch.tensor(...) copies beside it.")
     if not got["differentiable"]:
         return ("the output is right, but it carries no gradient: backward "
                 "could not reach x, nor the layers before this unit.\nHint: "
@@ -268,8 +302,9 @@ def check_gathered_forward(fn) -> Verdict:
             "and a full-size buffer on every rank before the sum."
             if all_reduced else "")
     return Verdict(CORRECT, "the unsharded module's output and input gradient "
-                            "on 1, 2, 3 and 5 ranks, and nothing gathered was kept "
-                            "afterwards." + cost)
+                            "on 1, 2, 3 and 5 ranks, one full copy of the unit "
+                            "at most while the forward ran, and nothing "
+                            "gathered was kept afterwards." + cost)
 
 
 register(Exercise(

@@ -40,10 +40,13 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE,
 from ddp_teach.sim.model.hardware import LINKS
 
 CHECKED_LINKS = ("NVLink 4", "InfiniBand NDR", "10GbE")
+# smallest first (fewest GPUs, then fewest bytes, then the shorter
+# compute), so that the first wrong answer, which the verdict shows, is the
+# smallest case that fails
 CASES = [(compute_s, nbytes, world_size, link_name)
-         for compute_s in (1e-3, 0.2)
-         for nbytes in (467_336, 25e6, 1e9)
          for world_size in (1, 2, 8, 64, 1024)
+         for nbytes in (467_336, 25e6, 1e9)
+         for compute_s in (1e-3, 0.2)
          for link_name in CHECKED_LINKS]
 FORMULA = ("t = compute_s + 2(N-1) alpha + 2(N-1)/N nbytes beta, "
            "with N = world_size")
@@ -214,7 +217,8 @@ def check_step_time(fn) -> Verdict:
                                 "NVLink, InfiniBand and 10 Gb Ethernet, from half "
                                 "a megabyte of gradients to a gigabyte.")
     (compute_s, nbytes, world_size, link_name), got = wrong[0]
-    shown = (f"compute_s={compute_s:g}, nbytes={nbytes:g}, world_size="
+    shown = (f"the smallest case that fails, of {len(CASES)}: compute_s="
+             f"{compute_s:g}, nbytes={nbytes:g}, world_size="
              f"{world_size}, link={link_name}: expected "
              f"{_want(compute_s, nbytes, world_size, link_name):.6g} s, "
              f"got {got!r}.\nHint: ")

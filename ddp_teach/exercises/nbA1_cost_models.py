@@ -6,15 +6,18 @@ What the reference (`cost.fit_alpha_beta`, adapted to return the pair)
 guarantees, and how each property is checked (here in the kernel: the fit
 is plain arithmetic):
 
-- exact data from known alpha and beta gives them back (within 1%), for
-  p = 2, 4 and 8: the ring's coefficients, with the p given;
+- exact data from known alpha and beta gives them back (within 1%), from
+  two measurements (the smallest case, shown whole in a verdict) and
+  from nine, for p = 2, 4 and 8: the ring's coefficients, with the p
+  given;
 - it returns the pair (alpha, beta), in that order, in seconds and seconds
   per byte;
 - it fits the relative error: on times with a few percent of noise it
   finds the same alpha and beta as least squares with each measurement
   divided by its time (within 0.1%: the same problem, solved in another
   order of floating-point operations), so that small messages, which set
-  alpha, count as much as large ones, which set beta;
+  alpha, count as much as large ones, which set beta; three measurements
+  first (the fewest on which weightings differ), then nine;
 - lists are accepted, not only numpy arrays (the checker passes lists).
 
 The course's fit also keeps alpha and beta non-negative (a measurement
@@ -35,15 +38,30 @@ from ddp_teach.exercises.registry import (CORRECT, NOT_ATTEMPTED, TODO_MESSAGE, 
                                          Exercise, Verdict, register)
 
 SIZES = np.geomspace(1e3, 1e7, 9)
-EXACT_CASES = ((2, 2e-5, 1e-9), (4, 5e-5, 4e-10), (8, 1e-4, 2e-9))
+# (p, alpha, beta, which of SIZES are measured), smallest first: two
+# measurements (the fewest that fix two unknowns; 1 kB and 10 MB, a table
+# a learner can check by hand), then all nine, on 2, 4 and 8 ranks
+EXACT_CASES = ((2, 2e-5, 1e-9, [0, 8]), (2, 2e-5, 1e-9, range(9)),
+               (4, 5e-5, 4e-10, range(9)), (8, 1e-4, 2e-9, range(9)))
 # a few percent up or down per measurement, fixed so that the check repeats
 NOISE = np.array([1.04, 0.97, 1.03, 0.96, 1.02, 0.98, 1.05, 0.95, 1.01])
-NOISY_CASE = (4, 5e-5, 4e-10)
+# noisy times: three measurements (1 kB, 100 kB, 10 MB: the fewest on which
+# weightings give different fits), then all nine
+NOISY_CASES = ((4, 5e-5, 4e-10, [0, 4, 8]), (4, 5e-5, 4e-10, range(9)))
 EXACT_RTOL, NOISY_RTOL = 0.01, 1e-3
 
 
-def ring_times(p: int, alpha: float, beta: float) -> np.ndarray:
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * SIZES * beta
+def ring_times(p: int, alpha: float, beta: float, sizes=SIZES) -> np.ndarray:
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * np.asarray(sizes) * beta
+
+
+def _table(sizes, times) -> str:
+    """The measurements of a case, for a verdict: "n = [1000, 1e+07] bytes,
+    t = [4.1e-05, 0.01] s" (the full list only when it is short)."""
+    if len(sizes) > 3:
+        return f"{len(sizes)} sizes from {sizes[0]:g} to {sizes[-1]:g} bytes"
+    return (f"n = [{', '.join(f'{n:g}' for n in sizes)}] bytes, t = "
+            f"[{', '.join(f'{t:.4g}' for t in times)}] s")
 
 
 def link_as_pair(fit_alpha_beta):
@@ -91,10 +109,10 @@ def _fit_hint(got, p, alpha, beta) -> str:
             "(np.linalg.lstsq).")
 
 
-def _call(fn, times, p):
+def _call(fn, sizes, times, p):
     """The learner's pair for these times, or a Verdict to return."""
     try:
-        returned = fn(list(SIZES), list(times), p)
+        returned = fn(list(sizes), list(times), p)
     except NotImplementedError:
         return Verdict(NOT_ATTEMPTED, TODO_MESSAGE)
     got = _pair(returned)
@@ -104,29 +122,39 @@ def _call(fn, times, p):
 
 
 def check_fit(fn) -> Verdict:
-    for p, alpha, beta in EXACT_CASES:
-        got = _call(fn, ring_times(p, alpha, beta), p)
+    """The cases smallest first; the verdict shows the first that fails,
+    with its measurements when they are few enough to read."""
+    for p, alpha, beta, measured in EXACT_CASES:
+        sizes = SIZES[list(measured)]
+        times = ring_times(p, alpha, beta, sizes)
+        got = _call(fn, sizes, times, p)
         if isinstance(got, Verdict):
             return got
         if all(abs(g - w) <= EXACT_RTOL * w for g, w in zip(got, (alpha, beta))):
             continue
         return Verdict(WRONG, f"on exact data from p={p}, alpha={alpha:g} s, "
-                       f"beta={beta:g} s/byte you returned alpha={got[0]:g}, "
-                       f"beta={got[1]:g}.\nHint: {_fit_hint(got, p, alpha, beta)}")
-    p, alpha, beta = NOISY_CASE
-    times = ring_times(p, alpha, beta) * NOISE
-    want = link_as_pair(_reference())(SIZES, times, p)
-    got = _call(fn, times, p)
-    if isinstance(got, Verdict):
-        return got
-    if not all(abs(g - w) <= NOISY_RTOL * w for g, w in zip(got, want)):
-        return Verdict(WRONG, (
-            f"exact data is fitted, but on times with a few percent of noise "
-            f"(p={p}) you returned alpha={got[0]:.4g}, beta={got[1]:.4g}; the "
-            f"least-squares fit of the relative error gives alpha={want[0]:.4g}, "
-            f"beta={want[1]:.4g}.\nHint: " + _weighting_hint(got, times, p)))
-    return Verdict(CORRECT, "recovered alpha and beta within 1% for p = 2, 4, 8, "
-                            "and fitted noisy times on their relative error.")
+                       f"beta={beta:g} s/byte ({_table(sizes, times)}): "
+                       f"expected alpha={alpha:g}, beta={beta:g}, you returned "
+                       f"alpha={got[0]:g}, beta={got[1]:g}.\nHint: "
+                       f"{_fit_hint(got, p, alpha, beta)}")
+    for p, alpha, beta, measured in NOISY_CASES:
+        sizes = SIZES[list(measured)]
+        times = ring_times(p, alpha, beta, sizes) * NOISE[list(measured)]
+        want = link_as_pair(_reference())(sizes, times, p)
+        got = _call(fn, sizes, times, p)
+        if isinstance(got, Verdict):
+            return got
+        if not all(abs(g - w) <= NOISY_RTOL * w for g, w in zip(got, want)):
+            return Verdict(WRONG, (
+                f"exact data is fitted, but on times with a few percent of "
+                f"noise (p={p}, {_table(sizes, times)}) you returned "
+                f"alpha={got[0]:.4g}, beta={got[1]:.4g}; the least-squares "
+                f"fit of the relative error gives alpha={want[0]:.4g}, "
+                f"beta={want[1]:.4g}.\nHint: "
+                + _weighting_hint(got, sizes, times, p)))
+    return Verdict(CORRECT, "recovered alpha and beta within 1% for p = 2, 4, 8 "
+                            "from 2 and 9 measurements, and fitted noisy times "
+                            "(3 and 9 measurements) on their relative error.")
 
 
 WEIGHTINGS = [  # (power of the time each row is divided by, the hint)
@@ -142,20 +170,21 @@ WEIGHTINGS = [  # (power of the time each row is divided by, the hint)
 ]
 
 
-def weighted_fit(times, p, power) -> tuple:
+def weighted_fit(sizes, times, p, power) -> tuple:
     """Least squares with each row and its time divided by time ** power."""
-    design = np.column_stack([np.full(len(SIZES), 2.0 * (p - 1)),
-                              2.0 * (p - 1) / p * SIZES])
+    sizes = np.asarray(sizes, float)
+    design = np.column_stack([np.full(len(sizes), 2.0 * (p - 1)),
+                              2.0 * (p - 1) / p * sizes])
     weight = 1.0 / np.asarray(times) ** power
     solution = np.linalg.lstsq(design * weight[:, None], times * weight,
                                rcond=None)[0]
     return tuple(solution)
 
 
-def _weighting_hint(got, times, p) -> str:
+def _weighting_hint(got, sizes, times, p) -> str:
     """The weighting that `got` is the fit of, named; or the general rule."""
     for power, hint in WEIGHTINGS:
-        fitted = weighted_fit(times, p, power)
+        fitted = weighted_fit(sizes, times, p, power)
         if all(abs(g - f) <= NOISY_RTOL * abs(f) for g, f in zip(got, fitted)):
             return hint
     return ("fit the relative error: divide each row of the matrix and its "

@@ -223,7 +223,7 @@ def test_a_fit_by_the_normal_equations_passes(capsys):
 def fit_weighted_by_the_time_squared(sizes, times, p):
     """Each row divided by its time twice: not "unweighted"."""
     from ddp_teach.exercises.nbA1_cost_models import weighted_fit
-    return weighted_fit(np.asarray(times), p, 2)
+    return weighted_fit(sizes, np.asarray(times), p, 2)
 
 
 def test_a_relative_least_squares_fit_passes(capsys):
@@ -300,7 +300,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("fit_alpha_beta", lambda s, t, p: (1.0, 1.0), "np.linalg.lstsq"),
     # the second attempt's mistakes
     ("ring_allreduce", lambda t: ring(t, split=lambda flat, p: flat.chunk(p)),
-     ("IndexError", "a tensor of 1 float32", "tensor_split(p) always gives p")),
+     ("IndexError", "a 0-d float32 tensor", "tensor_split(p) always gives p")),
     ("ring_allreduce", whole_tensor_ring, ("sent and received", "not the whole tensor")),
     ("ring_allreduce", uses_all_reduce, ("called dist.all_reduce", "point-to-point")),
     ("ring_allreduce", lambda t: ring(t, detach=False),

@@ -14,7 +14,8 @@ def detached(obj):
     if isinstance(obj, dict):
         return type(obj)((k, detached(v)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
-        return type(obj)(detached(v) for v in obj)
+        items = [detached(v) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     return obj
 
 
@@ -141,14 +142,42 @@ def test_an_odd_return_value_is_a_wrong_answer_never_an_internal_error(name, odd
     assert "raised" not in seen and "Error" not in seen, seen
 
 
-def test_scatter_hint_for_tensor_split_names_both_sizes(verdict):
+def test_scatter_hint_for_tensor_split_shows_the_smallest_case_and_both_sizes(verdict):
+    """2 rows on 3 devices is the smallest batch where tensor_split and
+    chunk differ: the verdict shows it, the hint says how chunk cuts."""
     passed, seen = verdict("dp_scatter", split_evenly)
-    assert "10 on 3 devices is 4, 4, 2" in seen and "tensor(4, 2), tensor(3, 2)" in seen, seen
+    assert "scattering a 2 x 2 batch over 3 devices" in seen, seen
+    assert "got [tensor(1, 2), tensor(1, 2), tensor(0, 2)]" in seen, seen
+    assert "10 on 3 devices is 4, 4, 2" in seen, seen
+
+
+def test_a_scatter_that_ignores_namedtuples_gets_the_namedtuple_hint(verdict):
+    def scatter_tuples_by_iterable(inputs, devices):
+        if isinstance(inputs, tuple) and inputs:
+            columns = [dp.scatter(item, devices) for item in inputs]
+            return [type(inputs)(row) for row in zip(*columns)]
+        return dp.scatter(inputs, devices)
+    passed, seen = verdict("dp_scatter", scatter_tuples_by_iterable)
+    assert not passed and "a namedtuple Batch(inputs, labels)" in seen, seen
+    assert "type(obj)(*items)" in seen, seen
+
+
+def test_a_wrong_value_is_shown_with_the_first_element_that_differs(verdict):
+    def scatter_off_by_one_row(inputs, devices):
+        if isinstance(inputs, torch.Tensor) and len(inputs) > 1:
+            return [p + (i > 0) for i, p in enumerate(inputs.chunk(len(devices)))]
+        return dp.scatter(inputs, devices)
+    passed, seen = verdict("dp_scatter", scatter_off_by_one_row)
+    assert "scattering a 2 x 2 batch over 3 devices" in seen, seen
+    assert "first difference: tensor 1 (shape (1, 2)) at [0, 0]: expected 2, got 3" in seen, seen
 
 
 def test_gather_shows_the_values_when_the_shapes_agree(verdict):
     passed, seen = verdict("dp_gather", lambda outputs, target: torch.cat(outputs) * 2)
-    assert not passed and "expected [0, 1, 2" in seen and "got [0, 2, 4" in seen, seen
+    # the smallest case: one device, one row
+    assert not passed and "a 1 x 2 batch over 1 device" in seen, seen
+    assert "at [0, 1]: expected 1, got 2" in seen, seen
+    assert "expected [0, 1], got [0, 2]" in seen, seen
 
 
 # ---- tried as a learner would (issue 34) ----------------------------------------
@@ -161,7 +190,8 @@ def gather_ignoring_the_target(outputs, target):
     if isinstance(first, dict):
         return {k: gather_ignoring_the_target([o[k] for o in outputs], target)
                 for k in first}
-    return type(first)(gather_ignoring_the_target(list(c), target) for c in zip(*outputs))
+    items = [gather_ignoring_the_target(list(c), target) for c in zip(*outputs)]
+    return type(first)(*items) if hasattr(first, "_fields") else type(first)(items)
 
 
 def gather_by_recursion_with_map(outputs, target):
@@ -173,9 +203,10 @@ def gather_by_recursion_with_map(outputs, target):
     if isinstance(first, dict):
         return type(first)({k: gather_by_recursion_with_map([o[k] for o in outputs],
                                                             target) for k in first})
-    return type(first)(map(lambda column: gather_by_recursion_with_map(list(column),
-                                                                       target),
-                           zip(*outputs)))
+    rebuild = type(first)._make if hasattr(first, "_fields") else type(first)
+    return rebuild(map(lambda column: gather_by_recursion_with_map(list(column),
+                                                                   target),
+                       zip(*outputs)))
 
 
 def scatter_left_on_the_cpu(inputs, devices):
@@ -193,6 +224,8 @@ def scatter_with_tensor_split_and_zip(inputs, devices):
                 in zip(inputs.split(size), devices)]
     if isinstance(inputs, (tuple, list)) and inputs:
         columns = [scatter_with_tensor_split_and_zip(item, devices) for item in inputs]
+        if hasattr(inputs, "_fields"):  # a namedtuple
+            return [type(inputs)._make(row) for row in zip(*columns)]
         return [type(inputs)(row) for row in zip(*columns)]
     if isinstance(inputs, dict) and inputs:
         columns = {k: scatter_with_tensor_split_and_zip(v, devices)

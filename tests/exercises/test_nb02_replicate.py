@@ -129,3 +129,12 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("dp_replicate", top_module_only, ("still an nn.Parameter of its own",
                                        "in every submodule")),
 ]
+
+
+def test_replicas_for_at_most_three_devices_are_caught_on_four(verdict):
+    """1 to 5 devices are tried, smallest first: an answer capped at 3
+    replicas fails on 4, and the verdict says so."""
+    def at_most_three(module, devices):
+        return dp.replicate(module, devices[:3])
+    passed, seen = verdict("dp_replicate", at_most_three)
+    assert not passed and "for 4 devices your function returned [" in seen, seen

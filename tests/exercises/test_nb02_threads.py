@@ -173,7 +173,7 @@ PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_regis
     ("dp_parallel_apply", threaded(on_error="swallow"), "an exception in a thread is lost"),
     ("dp_parallel_apply", reversed_outputs, "at its replica's index"),
     ("dp_parallel_apply", threaded(join_each=True),
-     ("at most 1 of 3", "joined before the next one started")),
+     ("with 2 replicas", "at most 1 of 2", "joined before the next one started")),
     ("dp_parallel_apply", threaded(keep="finish order"), "(results.append)"),
     ("dp_parallel_apply", threaded(unpack=False), "call replicas[i](*inputs[i])"),
     ("dp_parallel_apply", threaded(carry_grad_mode=False),

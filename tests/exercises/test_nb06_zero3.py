@@ -83,6 +83,15 @@ def loaded_into_the_meta_module(module, shard, x):
     return module(x)
 
 
+def clones_every_piece(module, shard, x):
+    """Each parameter copied out of the gathered vector, which stays
+    alive beside the copies: the unit held about twice while it runs."""
+    full = _gathered(shard)
+    params = {n: piece.view(p.shape).clone() for (n, p), piece
+              in zip(module.named_parameters(), _pieces(module, full))}
+    return torch.func.functional_call(module, params, (x,))
+
+
 # right answers in other styles (issue 34)
 
 def all_reduce_of_a_padded_buffer(module, shard, x):
@@ -122,6 +131,8 @@ def test_other_gathers_are_right(verdict):
 PLANTED = [  # (exercise, planted mistake, the hint it must get): see test_registry
     ("zero3_gather_forward", shard_only, "all-gather every rank's shard first"),
     ("zero3_gather_forward", keeps_the_full_params, "still held after it returned"),
+    ("zero3_gather_forward", clones_every_piece,
+     ("on 3 ranks", "while the forward ran", "one full copy of a unit at a time")),
     ("zero3_gather_forward", own_shard_first, "the chunks are out of order"),
     ("zero3_gather_forward", padding_kept, "padded to a multiple of the world size"),
     ("zero3_gather_forward", under_no_grad, "do not run the forward under torch.no_grad()"),

@@ -4,6 +4,8 @@ first element that differs with its expected and received values: the
 checkers try cases small to large and stop at the first failure."""
 import math
 
+import numpy as np
+
 import torch
 import torch.distributed as dist
 
@@ -91,3 +93,54 @@ def test_a_gradient_scaled_by_the_world_size_is_shown_on_two_ranks():
     # AdamW does not see a scale; SGD does, from 2 ranks on
     assert message.startswith("SGD with momentum, 2 ranks, rank 0, after 4 steps: "
                               "flat_params (shape (60,)) at [0]: expected"), message
+
+
+def step_time_without_compute(compute_s, nbytes, world_size, link):
+    steps = 2 * (world_size - 1)
+    return steps * (link.alpha + nbytes / world_size * link.beta)
+
+
+def test_a_step_time_that_forgets_the_compute_is_shown_on_one_gpu():
+    message = verdict("step_time", step_time_without_compute)
+    assert message.startswith("the smallest case that fails, of 90: compute_s=0.001, "
+                              "nbytes=467336, world_size=1"), message
+    assert "expected 0.001 s, got 0.0" in message, message
+
+
+def line_fit(sizes, times, p):
+    slope, intercept = np.polyfit(sizes, times, 1)
+    return intercept, slope
+
+
+def test_a_fit_of_the_wrong_model_is_shown_on_two_measurements():
+    message = verdict("fit_alpha_beta", line_fit)
+    assert "(n = [1000, 1e+07] bytes, t = [4.1e-05, 0.01004] s)" in message, message
+    assert "expected alpha=2e-05, beta=1e-09" in message, message
+
+
+def data_parallel_scaled_pieces(module, inputs, devices):
+    """Every piece but the first doubled: right on one device only."""
+    from ddp_teach import dp
+    pieces = dp.scatter(inputs, devices)
+    outs = [module(p * (1 + (i > 0))) for i, p in enumerate(pieces)]
+    return dp.gather(outs, devices[0])
+
+
+def test_a_data_parallel_wrong_on_the_second_piece_is_shown_on_two_rows():
+    message = verdict("data_parallel", data_parallel_scaled_pieces)
+    assert message.startswith("a batch of 2 rows on 2 devices: the output differs"), message
+    assert "output (shape (2, 1)) at [1, 0]: expected" in message, message
+
+
+def ring_dropping_the_last_element(tensor):
+    from ddp_teach.collectives import ring_allreduce
+    ring_allreduce(tensor)
+    if tensor.numel() > 1 and tensor.is_contiguous():
+        tensor.view(-1)[-1] = 0
+
+
+def test_a_ring_wrong_on_two_elements_is_shown_on_the_smallest_tensor():
+    message = verdict("ring_allreduce", ring_dropping_the_last_element)
+    assert message.startswith("on 1 rank, rank 0, a tensor of 2 float32 values "
+                              "(the smallest case that fails)"), message
+    assert "expected           [1, 4]" in message and "got                [1, 0]" in message, message
