@@ -16,15 +16,15 @@ trains on its own rows of it, so the training does not depend on the
 number of ranks, and a run resumed on another number of ranks can follow
 the same loss curve: the RNG state is the same on every rank, and one
 copy of it in the checkpoint serves any world size.
+
+torch.distributed.checkpoint and torch.distributed.fsdp are imported inside
+the functions that use them: importing either imports
+torch.distributed.rpc, which some torch builds lack, and `import
+ddp_teach` must work on those too (tests/test_compat.py).
 """
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_state_dict,
-                                                     set_model_state_dict,
-                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ddp_teach.llama import Llama, LlamaConfig, next_token_loss
 
@@ -49,6 +49,7 @@ def shard_model(model: Llama, mesh) -> Llama:
     final norm and the output projection. Wrapping the root first would
     make it own every parameter (one gather of the whole model), and
     blocks wrapped afterwards find parameters already sharded."""
+    from torch.distributed.fsdp import fully_shard
     for block in model.layers:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -60,6 +61,7 @@ def build_sharded(config: LlamaConfig, seed: int = 0, mp_policy=None,
     """The model as a production job builds it: on the meta device (no
     memory), sharded per block then the root, `to_empty` (each rank
     allocates its shards only), then `init_weights(seed)`."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mesh = cpu_mesh() if mesh is None else mesh
     with torch.device("meta"):
         model = Llama(config)
@@ -128,6 +130,7 @@ def step_checkpoint_state(model, optimizer, scheduler, step):
     keyed by parameter name, as DTensors, so another number of ranks can
     load them), the scheduler's step count, the RNG that draws the data,
     and the step to resume at (the data position)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     model_state, optimizer_state = get_state_dict(model, optimizer)
     return {"model": model_state, "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),
@@ -145,6 +148,7 @@ def save_step_checkpoint(state: dict, path, group):
     with a CPU backend (torch 2.13 raises "A CPU backend must be enabled
     for async save" otherwise). The caller waits on the returned future
     before the next save and before the job ends."""
+    import torch.distributed.checkpoint as dcp
     return dcp.async_save(state, checkpoint_id=str(path), process_group=group)
 
 
@@ -153,6 +157,9 @@ def resume(path, model, optimizer, scheduler, state_fn=step_checkpoint_state) ->
     ranks run now; returns the step to resume at. `state_fn` gives the
     checkpoint's layout (the objects' current state is the template that
     dcp.load fills in place)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (set_model_state_dict,
+                                                         set_optimizer_state_dict)
     state = state_fn(model, optimizer, scheduler, 0)
     missing = [key for key in CHECKPOINT_KEYS if key not in state]
     if missing:

@@ -60,6 +60,13 @@ FACTS = {
         "30": "gloo's default timeout, 30 minutes (torch/distributed/constants.py, "
               "default_pg_timeout)",
     },
+    "08_the_real_job": {
+        "96": "the H100s of TorchTitan's published Llama 3.1 8B runs: 96 GB of HBM2e each, "
+              "on Meta's Grand Teton hosts (pytorch/torchtitan, docs/performance.md)",
+        "82.4": "the memory per GPU of TorchTitan's 8-GPU FSDP run of Llama 3.1 8B with "
+                "selective activation checkpointing, Table 1 (pytorch/torchtitan, "
+                "docs/performance.md)",
+    },
     "09_beyond_data_parallel": {
         "1.5": "ZeRO-3 moves 1.5 times DDP's communication volume (ZeRO, section 7.2)",
     },

@@ -105,8 +105,7 @@ def rows(name: str) -> tuple:
         raise ValueError(f"{name!r} is not an evidence file; the manifest lists "
                          f"{manifest()['files']}")
     result = tuple(parse_row(name, i, fields) for i, fields in enumerate(_read(name)["row"]))
-    ids = [row.id for row in result]
-    twice = sorted({i for i in ids if ids.count(i) > 1})
+    twice = _repeated_ids(result)
     if twice:
         raise ValueError(f"ddp_teach/sim/evidence/{name}: ids used twice: {twice}")
     return result
@@ -115,11 +114,16 @@ def rows(name: str) -> tuple:
 def every_row() -> list:
     """Every row of every file, in the manifest's order (ids unique over all)."""
     result = [row for name in manifest()["files"] for row in rows(name)]
-    ids = [row.id for row in result]
-    twice = sorted({i for i in ids if ids.count(i) > 1})
+    twice = _repeated_ids(result)
     if twice:
         raise ValueError(f"ids used in two evidence files: {twice}")
     return result
+
+
+def _repeated_ids(rows_) -> list:
+    """The ids that more than one of `rows_` has, sorted."""
+    ids = [row.id for row in rows_]
+    return sorted({i for i in ids if ids.count(i) > 1})
 
 
 def by_id() -> dict:

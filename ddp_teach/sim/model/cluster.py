@@ -34,6 +34,8 @@ network between machines).
 import math
 from dataclasses import dataclass
 
+from ddp_teach.sim.model.hardware import preset_named
+
 GBPS = 1e9
 NVLINK, PCIE = "NVLink", "PCIe"
 GENERATIONS = ("volta", "ampere", "hopper", "blackwell")  # NCCL's tables' rows
@@ -128,12 +130,4 @@ CLUSTERS = {
 
 def cluster(spec) -> Cluster:
     """A Cluster, or the preset of that name (case and spaces ignored)."""
-    if isinstance(spec, Cluster):
-        return spec
-    key = {name.lower().replace(" ", ""): name for name in CLUSTERS}.get(
-        str(spec).lower().replace(" ", ""))
-    if key is None:
-        raise ValueError(f"unknown cluster {spec!r}: use one of "
-                         f"{', '.join(map(repr, CLUSTERS))} or a "
-                         "ddp_teach.sim.Cluster of your own")
-    return CLUSTERS[key]
+    return preset_named(spec, CLUSTERS, Cluster, "cluster")

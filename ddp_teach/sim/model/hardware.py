@@ -115,15 +115,17 @@ LINKS = {
 
 def device(spec) -> Device:
     """A Device, or the preset of that name (case and spaces ignored)."""
-    return _preset(spec, DEVICES, Device, "device")
+    return preset_named(spec, DEVICES, Device, "device")
 
 
 def link(spec) -> Link:
     """A Link, or the preset of that name (case and spaces ignored)."""
-    return _preset(spec, LINKS, Link, "link")
+    return preset_named(spec, LINKS, Link, "link")
 
 
-def _preset(spec, presets: dict, kind: type, what: str):
+def preset_named(spec, presets: dict, kind: type, what: str):
+    """`spec` itself if it is a `kind`, else the preset of that name in
+    `presets`, case and spaces ignored (devices, links, clusters alike)."""
     if isinstance(spec, kind):
         return spec
     key = {name.lower().replace(" ", ""): name for name in presets}.get(
