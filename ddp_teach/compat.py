@@ -210,6 +210,15 @@ def traced_name(name: str) -> str:
     return name
 
 
+def called_name(name: str) -> str:
+    """The name under which this torch's own code (FSDP2, DTensor) calls the
+    torch.distributed collective that torch 2.13 names `name`: the old name
+    before 2.13. A wrapper that counts torch's calls wraps this one."""
+    if TORCH < (2, 13):
+        return RENAMED_COLLECTIVES.get(name, name)
+    return name
+
+
 def register_meta_collectives() -> None:
     """Let c10d's collectives run on meta tensors (already so from torch
     2.11; see the module's docstring)."""

@@ -22,9 +22,13 @@ the functions that use them: importing either imports
 torch.distributed.rpc, which some torch builds lack, and `import
 ddp_teach` must work on those too (tests/test_compat.py).
 """
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+
+from ddp_teach import compat
 
 from ddp_teach.llama import Llama, LlamaConfig, next_token_loss
 
@@ -37,6 +41,39 @@ def cpu_mesh():
     """All ranks as one DeviceMesh of CPU tensors (fully_shard's default
     mesh would be on the GPU wherever there is one)."""
     return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+@contextmanager
+def collectives_seen():
+    """Inside the block, every all-gather and reduce-scatter FSDP2 calls is
+    noted, in order, as ("all-gather" or "reduce-scatter", its input's dtype)
+    in the list this yields.
+
+    FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) looks
+    torch.distributed's single-tensor collectives up at each call, so
+    replacing them there for a while sees every call. It calls them by the
+    names its torch has: all_gather_single and reduce_scatter_single from
+    torch 2.13, all_gather_into_tensor and reduce_scatter_tensor before."""
+    seen, real = [], {}
+    for label, name in (("all-gather", "all_gather_single"),
+                        ("reduce-scatter", "reduce_scatter_single")):
+        name = compat.called_name(name)
+        real[name] = getattr(dist, name)
+        setattr(dist, name, _noting(label, real[name], seen))
+    try:
+        yield seen
+    finally:
+        for name, function in real.items():
+            setattr(dist, name, function)
+
+
+def _noting(label, collective, seen):
+    def call(*args, **kwargs):
+        # (output, input, ...) by position, or output=/input= (input_tensor=)
+        tensor = args[1] if len(args) > 1 else kwargs.get("input", kwargs.get("input_tensor"))
+        seen.append((label, tensor.dtype))
+        return collective(*args, **kwargs)
+    return call
 
 
 def shard_model(model: Llama, mesh) -> Llama:

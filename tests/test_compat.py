@@ -370,3 +370,12 @@ def test_a_simulation_registers_meta_collectives_first(monkeypatch):
 
     dt.sim.one_rank(broadcast_meta, 2, dt.sim.Simulation("H100 SXM"))
     assert asked
+
+
+@pytest.mark.parametrize("torch_version, expected", [
+    ((2, 9), ["all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"]),
+    ((2, 13), ["all_gather_single", "reduce_scatter_single", "all_reduce"])])
+def test_torch_calls_the_collectives_by_its_own_names(monkeypatch, torch_version, expected):
+    monkeypatch.setattr(compat, "TORCH", torch_version)
+    names = ["all_gather_single", "reduce_scatter_single", "all_reduce"]
+    assert [compat.called_name(n) for n in names] == expected

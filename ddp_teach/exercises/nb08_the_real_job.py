@@ -20,8 +20,8 @@ on 3 and 2 ranks, on a model of 3 blocks, after one forward and backward:
 accumulate_gradients`, runs each micro-batch's forward and backward with
 FSDP2's gradient sync off for all but the last, each loss divided by the
 number of micro-batches. Checked on 2 ranks (3 micro-batches, then 1) and
-3 ranks (2), on a sharded model of 3 blocks, with `dist.reduce_scatter_
-single` counted: one reduce-scatter per unit (blocks + 1) for the whole
+3 ranks (2), on a sharded model of 3 blocks, with FSDP2's reduce-scatters
+counted (`real_job.collectives_seen`): one reduce-scatter per unit (blocks + 1) for the whole
 call, and the gradients equal to one backward of all the rows at once,
 averaged over the ranks (fp32, the same rows: a different order of
 addition only, hence rtol 1e-4). Gradients N times too large name the
@@ -176,18 +176,12 @@ def _accumulate_on_ranks(rank, world_size, fn, counts):
         model = Llama(CONFIG)
         model.init_weights(0)
         real_job.shard_model(model, real_job.cpu_mesh())
-        scatters, real = [], dist.reduce_scatter_single
-
-        def counted(*args, **kwargs):
-            scatters.append(1)
-            return real(*args, **kwargs)
-        dist.reduce_scatter_single = counted
-        try:
-            fn(model, _micro_batches(rank, count))
-        except NotImplementedError:
-            return NOT_ATTEMPTED
-        finally:
-            dist.reduce_scatter_single = real
+        with real_job.collectives_seen() as calls:
+            try:
+                fn(model, _micro_batches(rank, count))
+            except NotImplementedError:
+                return NOT_ATTEMPTED
+        scatters = [name for name, _ in calls if name == "reduce-scatter"]
         results[count] = {"scatters": len(scatters), "grads": [
             p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
             for p in model.parameters()]}

@@ -28,6 +28,7 @@ recorded it: for DDP's all-reduce, the bucket.
 """
 import bisect
 import re
+import warnings
 
 from ddp_teach.tracing.events import COMM, COMPUTE, Event
 
@@ -51,6 +52,12 @@ ELEMENT_BYTES = {
     "short unsigned int": 2, "unsigned int": 4, "long unsigned int": 8,
 }
 US = 1e-6
+# Seen in a real one-rank DDP trace on an H200 (torch 2.11, NCCL 2.28.9):
+# NCCL ran no kernel for a group of one, only device-to-device copies.
+ONE_RANK = ("{path!r} is a one-rank run: NCCL launches no communication kernel "
+            "for a group of one rank (at most it copies the buffer), so this "
+            "timeline is compute only; profile two or more ranks to see "
+            "communication and overlap")
 
 
 def rank_events(trace: dict, rank: int, path, shift_us: float) -> list[Event]:
@@ -61,11 +68,13 @@ def rank_events(trace: dict, rank: int, path, shift_us: float) -> list[Event]:
     kernels = [e for e in spans if e.get("cat") == "kernel"]
     nccl = [e for e in kernels if e["name"].startswith(NCCL_KERNELS)]
     found = list(_nccl_comm(nccl) if nccl else _gloo_comm(spans))
-    if not found:
+    if not found and trace.get("distributedInfo", {}).get("world_size") == 1:
+        warnings.warn(ONE_RANK.format(path=str(path)), stacklevel=4)
+    elif not found:
         hint = ("NCCL was called but its kernels are missing: profile with "
                 "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
-                if any(e["name"].startswith("nccl:") for e in spans) else
-                "profile steps in which the ranks communicate (DDP's backward), "
+                if any(e["name"].startswith("nccl:") for e in spans) and not kernels
+                else "profile steps in which the ranks communicate (DDP's backward), "
                 "on every rank")
         raise ValueError(
             f"{str(path)!r} holds no communication: no NCCL kernel (ncclKernel*, "

@@ -66,8 +66,11 @@ def read_events(paths, align: str = "collective") -> list[Event]:
                    for clock, t in zip(clocks, traces))
     per_rank = {rank: rank_events(trace, rank, path, clock - earliest)
                 for rank, trace, path, clock in zip(ranks, traces, files, clocks)}
-    if not any(e.nbytes for events in per_rank.values() for e in events if e.kind == COMM):
+    comm = [e for events in per_rank.values() for e in events if e.kind == COMM]
+    if comm and not any(e.nbytes for e in comm):
         warnings.warn(NO_BYTES, stacklevel=3)
+    if not comm and align == "collective":
+        align = "clock"   # one rank's run: nothing to align on, nothing to align
     events = [e for events in _aligned(per_rank, align).values() for e in events]
     origin = min(e.start for e in events)
     return [replace(e, start=e.start - origin, end=e.end - origin)

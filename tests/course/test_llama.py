@@ -146,3 +146,31 @@ def test_a_resume_names_the_keys_the_checkpoint_lacks(tmp_path):
     said = dt.run(resume_without_the_rng, 1, args=(str(tmp_path),), backend="gloo")[0]
     assert "the step checkpoint has no 'rng'" in said
     assert "['model', 'optimizer', 'scheduler', 'step']" in said
+
+
+def collectives_of_one_step(rank, world_size):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from ddp_teach import real_job
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = real_job.build_sharded(SMALL, mp_policy=policy)
+    before = {name: getattr(dist, name) for name in dir(dist)}
+    tokens = torch.randint(0, SMALL.vocab, (2, SMALL.context + 1),
+                           generator=torch.Generator().manual_seed(rank))
+    with real_job.collectives_seen() as seen:
+        next_token_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+    restored = all(getattr(dist, name) is function for name, function in before.items())
+    return seen, restored
+
+
+def test_collectives_seen_notes_every_gather_and_scatter_fsdp2_calls_and_restores_them():
+    """Blocks are gathered in the forward and again in the backward, the
+    root once; each unit's gradients are reduce-scattered once; under a bf16
+    policy with fp32 reduction the gathers carry bf16 and the scatters fp32.
+    Afterwards torch.distributed holds its own functions again."""
+    for seen, restored in dt.run(collectives_of_one_step, 2, backend="gloo"):
+        assert restored
+        gathers = [dtype for name, dtype in seen if name == "all-gather"]
+        scatters = [dtype for name, dtype in seen if name == "reduce-scatter"]
+        assert gathers == [torch.bfloat16] * (2 * SMALL.layers + 1)
+        assert scatters == [torch.float32] * (SMALL.layers + 1)

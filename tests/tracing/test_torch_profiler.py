@@ -1,8 +1,8 @@
 """Timeline.from_torch_profiler: torch.profiler's Chrome traces read as the
 course's timeline. The gloo path is tested on traces recorded here by a real
-2-rank DDP run; the GPU path on the hand-made traces in tests/tracing/data
-(see the README there: written to Kineto's format, to be replaced by a trace
-recorded on a GPU)."""
+2-rank DDP run; the GPU path on the hand-made two-rank traces in
+tests/tracing/data and on a one-rank NCCL trace recorded on an H200 (see the
+README there: the hand-made ones are checked against the recorded one)."""
 import gzip
 import io
 import json
@@ -273,3 +273,62 @@ def test_gpu_ranks_on_one_clock_despite_a_skewed_one():
     assert together[1] - together[0] == pytest.approx(0, abs=EXACT)
     skewed = first_comm_ends("clock")
     assert skewed[1] - skewed[0] == pytest.approx(2500 * US, abs=EXACT)
+
+
+# A trace recorded on a real GPU by tools/record_gpu_trace.py (data/README.md):
+# one rank of DDP over NCCL on an H200, torch 2.11, NCCL 2.28.9.
+REAL_ONE_RANK = DATA / "recorded" / "h200_one_rank_nccl_ddp.json.gz"
+
+
+def real_trace() -> dict:
+    with gzip.open(REAL_ONE_RANK, "rt") as f:
+        return json.load(f)
+
+
+def test_a_real_one_rank_nccl_trace_is_compute_only_and_says_why():
+    """NCCL launched no kernel for its group of one (the all-reduces became
+    device-to-device copies), so every event is a compute kernel, named
+    after the operator that launched it and its phase; the warning says why
+    there is no communication instead of blaming the profiler's settings."""
+    trace = real_trace()
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    assert kernels and not any(k["name"].startswith("nccl") for k in kernels)
+    with pytest.warns(UserWarning, match="one-rank run: NCCL launches no communication"):
+        timeline = dt.Timeline.from_torch_profiler(REAL_ONE_RANK)
+    assert timeline.ranks == [0]
+    assert {e.kind for e in timeline.events} == {COMPUTE}
+    assert len(timeline.events) == len(kernels)
+    names = {e.name for e in timeline.events}
+    # the 2 profiled steps: DDP's forward (addmm per Linear), the autograd
+    # engine's backward (mm), SGD's foreach step, each under its phase
+    assert {"forward aten::addmm", "backward aten::mm",
+            "optimizer aten::_foreach_add_"} <= names
+    summary = timeline.summary()[0]
+    assert summary["comm_s"] == 0 and summary["overlap_s"] == 0
+    assert 0 < summary["compute_s"] < summary["span_s"]
+
+
+def test_the_hand_made_gpu_traces_use_the_fields_of_a_real_one():
+    """Every field the reader takes from a GPU trace, in the hand-made
+    fixtures, is in the real trace too, with a value of the same type; the
+    real collective's dtype is one the reader sizes."""
+    real = real_trace()
+    made = json.loads((DATA / "gpu_rank0.json").read_text())
+    assert {"rank", "world_size", "backend"} <= set(real["distributedInfo"])
+    assert isinstance(real["baseTimeNanoseconds"], int)
+
+    def first(trace, has, cats=("kernel", "cpu_op")):
+        return next(e for e in trace["traceEvents"]
+                    if e.get("cat") in cats and has in e.get("args", {}))
+    # a launched kernel's fields; a collective's (Kineto copies them from its
+    # record_param_comms op onto the NCCL kernel: the fixtures carry them there)
+    for has, cats, keys in (
+            ("External id", ("kernel",), ("External id", "device", "stream", "correlation")),
+            ("Collective name", ("kernel", "cpu_op"), ("Collective name", "In msg nelems", "dtype"))):
+        real_event, made_event = first(real, has, cats), first(made, has, cats)
+        for key in keys:
+            assert type(real_event["args"][key]) is type(made_event["args"][key]), (has, key)
+        for key in ("ph", "pid", "tid", "ts", "dur"):
+            assert type(real_event[key]) is type(made_event[key]) or {
+                type(real_event[key]), type(made_event[key])} <= {int, float}, key
+    assert first(real, "Collective name")["args"]["dtype"] in ELEMENT_BYTES
