@@ -78,25 +78,35 @@ def host_seconds_per_op(ops=2000) -> float:
     return issued / ops
 
 
-def resnet50_rate(rank, world_size, batch, ddp=True, steps=10, warmup=5):
-    """Images per second of ResNet-50 AMP training on this rank's GPU, all
+def resnet50_rate(rank, world_size, batch, ddp=True, steps=10, warmup=5,
+                  precision="amp"):
+    """Images per second of ResNet-50 training on this rank's GPU, all
     ranks together: in this process (ddp=False), or on dt.run's ranks in
-    torch's DDP, whose gradients nccl all-reduces (one rank too)."""
+    torch's DDP, whose gradients nccl all-reduces (one rank too).
+    precision: "amp" (fp16 autocast, a GradScaler, channels-last), or fp32
+    in NCHW with its convolutions in TF32 ("tf32", torch's default) or not
+    ("fp32", cudnn.allow_tf32 off), as NVIDIA's DeepLearningExamples
+    measure ResNet-50 in TF32 and FP32."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ddp_teach.models import resnet50
+    if precision not in ("amp", "tf32", "fp32"):
+        raise ValueError(f"precision {precision!r}: amp, tf32 or fp32")
+    amp = precision == "amp"
+    torch.backends.cudnn.allow_tf32 = precision != "fp32"
+    layout = torch.channels_last if amp else torch.contiguous_format
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    model = resnet50(device="cuda").to(memory_format=torch.channels_last)
+    model = resnet50(device="cuda").to(memory_format=layout)
     if ddp:
         model = DDP(model, device_ids=[torch.cuda.current_device()])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
-    scaler = torch.amp.GradScaler("cuda")
-    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=layout)
     labels = torch.randint(0, 1000, (batch,), device="cuda")
 
     def step():
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
             loss = F.cross_entropy(model(x), labels)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -112,4 +122,5 @@ def resnet50_rate(rank, world_size, batch, ddp=True, steps=10, warmup=5):
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
+    torch.backends.cudnn.allow_tf32 = True   # torch's default again
     return world_size * batch * steps / (time.perf_counter() - start)

@@ -104,9 +104,7 @@ SWEEP_BYTES = [2 ** k for k in (10, 14, 17, 20, 23, 26, 28)]
 PRESETS = (
     (("h100", "pcie"), "H100 SXM", None, "an H100 PCIe card, simulated as the SXM part"),
     (("h100",), "H100 SXM", "DGX H100", ""),
-    (("h200",), "H100 SXM", "DGX H100",
-     "simulated as an H100 SXM: the same compute, but H200's HBM3e moves 4.8 TB/s "
-     "against 3.35"),
+    (("h200",), "H200 SXM", "DGX H200", ""),
     (("a100", "pcie"), "A100 80GB", None, "an A100 PCIe card, simulated as the SXM part"),
     (("a100",), "A100 80GB", "DGX A100", ""),
     (("t4",), "T4", "2x T4 (Kaggle)", ""),
@@ -140,6 +138,14 @@ def host_step_row(measured_rows: dict) -> dict:
 
 # ---- what the simulator predicts ----------------------------------------------
 
+FP32_PRECISIONS = {"tf32": "fp32, TF32 convolutions (torch's default)",
+                   "fp32": "fp32, TF32 off"}
+
+
+def fp32_resnet_row(precision: str, batch: int) -> str:
+    return f"ResNet-50 {FP32_PRECISIONS[precision]}, batch {batch}, 1 GPU"
+
+
 def ddp_row(batch: int, gpus: int) -> str:
     return f"ResNet-50 AMP, batch {batch}, DDP on {gpus} GPU(s) through dt.run (nccl)"
 
@@ -161,6 +167,13 @@ def simulated(device: str, cluster, gpus: int, batch: int) -> dict:
     rows["host time of one small eager operation"] = (d.achieved.host_s_per_op * 1e6, "us")
     rows[f"ResNet-50 AMP, batch {batch}, 1 GPU"] = (
         resnet50_images_per_s(device, cluster, 1, batch), "images/s")
+    for precision in FP32_PRECISIONS:
+        torch.backends.cudnn.allow_tf32 = precision == "tf32"  # the simulator reads it
+        try:
+            rows[fp32_resnet_row(precision, batch)] = (resnet50_images_per_s(
+                device, cluster, 1, batch, torch.float32), "images/s")
+        finally:
+            torch.backends.cudnn.allow_tf32 = True
     if gpus == 1 or cluster is not None:
         rows[ddp_row(batch, gpus)] = (
             resnet50_images_per_s(device, cluster, gpus, batch), "images/s")
@@ -214,6 +227,10 @@ def measured(device: str, gpus: int, batch: int, failures: list) -> dict:
         "host time of one small eager operation", timing.host_seconds_per_op() * 1e6))
     attempt("ResNet-50 on 1 GPU", lambda: rows.__setitem__(
         f"ResNet-50 AMP, batch {batch}, 1 GPU", timing.resnet50_rate(0, 1, batch, ddp=False)))
+    for precision in FP32_PRECISIONS:
+        attempt(f"ResNet-50 in {precision}", lambda precision=precision: rows.__setitem__(
+            fp32_resnet_row(precision, batch), timing.resnet50_rate(
+                0, 1, batch, ddp=False, precision=precision)))
     attempt("ResNet-50 with DDP through dt.run", lambda: rows.__setitem__(
         ddp_row(batch, gpus), sum(dt.run(timing.resnet50_rate, gpus, args=(batch,),
                                          timeout=300)) / gpus))

@@ -16,11 +16,10 @@ from ddp_teach.sim.model.simulation import Simulation
 import published_runs as runs
 from capstone_step import simulated_capstone
 
-def _capstone_ms(width: int, heads: int) -> float:
-    """Notebook 10's DDP step on one simulated H100 of a DGX H100, as
+def _capstone_ms(width: int, heads: int, device="H100 SXM", cluster="DGX H100") -> float:
+    """Notebook 10's DDP step on one simulated GPU of a node, as
     gpu_vs_sim.py runs it on a real one."""
-    step = simulated_capstone(Simulation("H100 SXM", cluster="DGX H100"),
-                              width, heads)
+    step = simulated_capstone(Simulation(device, cluster=cluster), width, heads)
     return step.summary()[0]["span_s"] * 1e3
 
 
@@ -28,8 +27,16 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def resnet50_images_per_s(device, cluster=None, gpus=1, batch=256, dtype="float16"):
-    return runs.resnet50_images_per_s(device, cluster, gpus, batch, _dtype(dtype))
+def resnet50_images_per_s(device, cluster=None, gpus=1, batch=256, dtype="float16",
+                          tf32=True):
+    """tf32=False: fp32 convolutions with TF32 off (cudnn.allow_tf32, which the
+    simulator reads as torch does), as a run that turned it off."""
+    allowed = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        return runs.resnet50_images_per_s(device, cluster, gpus, batch, _dtype(dtype))
+    finally:
+        torch.backends.cudnn.allow_tf32 = allowed
 
 
 def resnet50_ms_per_batch(device, batch, dtype="float16"):

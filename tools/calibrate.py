@@ -109,13 +109,16 @@ CONSTANTS = [
     _fraction("T4", "matmul_fp32", 3),
     _module("EMULATED", 2, (0.05, 1.0), note="with T4's matmul_fp32"),
     _fraction("RTX 4090", "matmul", 3),
+    _fraction("B200", "matmul", 3),
     _fraction("RTX 4090", "matmul_fp32", 3),
     _fraction(H100, "sustained", 3),
     _fraction(A100, "sustained", 3, "V100's, T4's and RTX 4090's too"),
     _fraction(A100, "conv", 3, "with A100's sustained; every preset's conv"),
     _fraction(A100, "conv_tf32", 3, "with A100's sustained; H100's and RTX 4090's too"),
     _module("CONV_FP32", 3, (0.05, 1.0), "V100 SXM2", "conv_fp32",
-            "every preset's conv_fp32"),
+            "V100's, T4's and A100's conv_fp32"),
+    _module("CONV_FP32_DOUBLED", 3, (0.05, 1.0), "H200 SXM", "conv_fp32",
+            "with H100's sustained; H100's, H200's and RTX 4090's conv_fp32"),
     _link("in node"),
     _link("nvls", note="with NVLS_CHUNK_S as stored"),
     _module("NVLS_CHUNK_S", 2, (1e-8, 5e-5),
@@ -138,6 +141,10 @@ NOT_FROM_ROWS = {
     "2507.03114) report over many runs; no single row, so nothing to solve from",
     "H100's conv and conv_tf32; V100, T4, RTX 4090's other fractions": "copied from "
     "A100's (no run of theirs calibrates them), a stated assumption, not a solution",
+    "B200's fractions but matmul": "the H100's, an assumption no Blackwell row "
+    "calibrates (its memory share is validated by one row); B200 figures are extrapolation",
+    "H200's fractions": "the H100's (the same chip with faster memory); the course's "
+    "own H200 rows validate them",
 }
 
 

@@ -86,7 +86,7 @@ def test_the_fractions_the_table_calls_copied_are_copies():
     # calibrated.COPIED_FROM (and calibrate.py's NOT_FROM_ROWS) say these were
     # taken from another preset's, not solved
     from ddp_teach.sim.model.calibrated import COPIED_FROM, KERNEL_FRACTIONS, SOLVED_FROM
-    assert set(COPIED_FROM) == {"H100 SXM", "V100 SXM2", "T4", "RTX 4090"}
+    assert set(COPIED_FROM) == {"H100 SXM", "H200 SXM", "B200", "V100 SXM2", "T4", "RTX 4090"}
     for gpu, (origin, fields) in COPIED_FROM.items():
         for field in fields + ("kernel_s",):
             assert KERNEL_FRACTIONS[gpu][field] == KERNEL_FRACTIONS[origin][field], \

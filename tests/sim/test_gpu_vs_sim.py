@@ -24,7 +24,7 @@ def bench():
 @pytest.mark.parametrize("name, device, cluster", [
     ("NVIDIA H100 80GB HBM3", "H100 SXM", "DGX H100"),
     ("NVIDIA H100 PCIe", "H100 SXM", None),
-    ("NVIDIA H200", "H100 SXM", "DGX H100"),
+    ("NVIDIA H200", "H200 SXM", "DGX H200"),
     ("NVIDIA A100-SXM4-80GB", "A100 80GB", "DGX A100"),
     ("NVIDIA A100-PCIE-40GB", "A100 80GB", None),
     ("Tesla T4", "T4", "2x T4 (Kaggle)"),

@@ -30,6 +30,12 @@ KERNEL_S = 3.74e-6
 # multiplications, so it can come near 1); one share for every preset, a stated
 # assumption
 CONV_FP32 = 0.943
+# the same share on GPUs whose fp32 peak counts 128 fp32 units per SM, half of
+# them sharing issue slots with integer work (Hopper, Ada, Ampere's GA10x, by
+# NVIDIA's architecture whitepapers; the V100 and A100 have 64): cuDNN's
+# convolutions keep much less of that doubled peak. Solved on the course's
+# own H200 (an H100's SMs), with TF32 off
+CONV_FP32_DOUBLED = 0.558
 # the share of its full-mask rate a fused attention kernel keeps with a causal mask
 CAUSAL = 0.8698
 # the share of the fp32 CUDA-core rate a 16-bit product keeps on a GPU without
@@ -52,7 +58,7 @@ KERNEL_FRACTIONS = {
     "H100 SXM": dict(sms=132, matmul=0.851, memory=0.8866, attention=0.3314,
                      conv=0.436, kernel_s=KERNEL_S, sustained=0.719,
                      attention_cudnn=0.5697, matmul_fp32=0.779, conv_tf32=0.258,
-                     conv_fp32=CONV_FP32),
+                     conv_fp32=CONV_FP32_DOUBLED),
     "A100 80GB": dict(sms=108, matmul=0.815, memory=0.8337, attention=0.5753,
                       conv=0.436, kernel_s=KERNEL_S, sustained=0.888,
                       matmul_fp32=0.986, conv_tf32=0.258, conv_fp32=CONV_FP32),
@@ -67,9 +73,23 @@ KERNEL_FRACTIONS["V100 SXM2"] = {**KERNEL_FRACTIONS["A100 80GB"], "sms": 80,
 KERNEL_FRACTIONS["T4"] = {**KERNEL_FRACTIONS["A100 80GB"], "sms": 40, "matmul": 0.645,
                           "matmul_fp32": 0.515}
 KERNEL_FRACTIONS["RTX 4090"] = {**KERNEL_FRACTIONS["A100 80GB"], "sms": 128,
-                                "matmul": 1.0, "matmul_fp32": 0.666}
+                                "matmul": 1.0, "matmul_fp32": 0.666,
+                                "conv_fp32": CONV_FP32_DOUBLED}
+# An H200 is an H100's chip with faster memory: it takes every H100 fraction
+# (the memory share too: the same kind of memory controller, a share of a
+# higher peak), which the course's own H200 rows (source "course-h200")
+# check: copy 4.25 TB/s against 4.26 simulated, bf16 products, attention.
+KERNEL_FRACTIONS["H200 SXM"] = dict(KERNEL_FRACTIONS["H100 SXM"])
+# A B200 (Blackwell: 148 SMs of 128 fp32 units) has its own bf16 product
+# share, solved from the best-shaped product measured on one; every other
+# fraction is the H100's, an assumption no Blackwell row calibrates (its
+# memory share is checked by one row): extrapolation.
+KERNEL_FRACTIONS["B200"] = {**KERNEL_FRACTIONS["H100 SXM"], "sms": 148, "matmul": 0.811}
 # which preset's fractions each copied preset took, field by field (the rest are its own)
 COPIED_FROM = {"H100 SXM": ("A100 80GB", ("conv", "conv_tf32")),
+               "H200 SXM": ("H100 SXM", tuple(KERNEL_FRACTIONS["H100 SXM"])),
+               "B200": ("H100 SXM", tuple(f for f in KERNEL_FRACTIONS["H100 SXM"]
+                                          if f not in ("sms", "matmul"))),
                "V100 SXM2": ("A100 80GB", ("memory", "attention", "conv", "conv_tf32",
                                            "sustained", "matmul")),
                "T4": ("A100 80GB", ("memory", "attention", "conv", "conv_tf32",
@@ -91,6 +111,7 @@ NVLS_ONE_CHANNEL_S = 1.8e-6
 # {constant: the ids of the evidence rows it was solved from}
 SOLVED_FROM = {
     "H100 SXM: matmul": ("bf16-matmul-2048-x-2048-x-13312-h100",),
+    "B200: matmul": ("bf16-matmul-1792-x-16128-x-3072-b200",),
     "A100 80GB: matmul": ("fp16-matmul-8192-cubed-a100", "fp16-matmul-1024-cubed-a100"),
     "KERNEL_S": ("fp16-matmul-1024-cubed-a100", "fp16-matmul-8192-cubed-a100"),
     "H100 SXM: memory": ("stream-triad-h100",),
@@ -112,6 +133,7 @@ SOLVED_FROM = {
     "A100 80GB: conv": ("resnet-50-1-a100",),
     "A100 80GB: conv_tf32": ("resnet-50-tf32-1-a100",),
     "CONV_FP32": ("resnet-50-fp32-1-v100",),
+    "CONV_FP32_DOUBLED": ("resnet-50-fp32-tf32-off-1-h200-ours",),
     "LINK_FRACTIONS['in node']": ("all-reduce-16-gib-8-gpus-ring",),
     "LINK_FRACTIONS['nvls']": ("all-reduce-8-gib-8-gpus-nvls", "all-reduce-64-mib-8-gpus-nvls"),
     "NVLS_CHUNK_S": ("all-reduce-64-mib-8-gpus-nvls", "all-reduce-8-gib-8-gpus-nvls"),

@@ -15,7 +15,8 @@ its tuning model, and so its choice of algorithm, works from:
 
 - NVLink: links per GPU x the per-link rate NCCL assumes for the GPU
   generation (SM80_NVLINK_BW = 20.0 GB/s for A100, SM90_NVLINK_BW = 20.6
-  GB/s for H100). An H100 SXM has 18 NVLink 4 links, an A100 SXM 12 NVLink
+  GB/s for H100 and H200, SM100_NVLINK_BW = 40.1 GB/s for B200, from
+  NCCL 2.27). An H100 SXM has 18 NVLink 4 links, an A100 SXM 12 NVLink
   3 links (NVIDIA H100 and A100 datasheets): 370.8 and 240 GB/s per
   direction, below the datasheets' 450 and 300 GB/s, as NCCL measures them.
 - PCIe: lanes x rate / 80 GB/s (topo.cc), 12 GB/s for Gen3 x16, 24 GB/s for
@@ -26,6 +27,12 @@ its tuning model, and so its choice of algorithm, works from:
 Presets (datasheets): NVIDIA DGX H100 (8x H100 SXM, NVLink 4 through four
 third-generation NVSwitches, which do in-switch reductions, "NVLink SHARP";
 8x ConnectX-7 InfiniBand NDR 400 Gb/s for the compute fabric); NVIDIA
+DGX H200 (the same node with 8x H200 SXM: the same NVLink 4, NVSwitches
+and NICs, so the same numbers under another name); NVIDIA DGX B200 (8x
+B200, NVLink 5 through two NVSwitch trays, 18 links a GPU at NCCL's
+SM100_NVLINK_BW = 40.1 GB/s, 721.8 GB/s per direction; 8x ConnectX-7
+400 Gb/s; NCCL's channel count on it is not known here, taken as the DGX
+H100's 16: extrapolation); NVIDIA
 DGX A100 (8x A100 SXM 80GB, NVLink 3 through six NVSwitches; 8x ConnectX-6
 HDR 200 Gb/s); a workstation of 4x RTX 4090 on PCIe 4.0 x16 with
 peer-to-peer on (no NVLink); and Kaggle's 2x T4 (PCIe 3.0, one machine, no
@@ -119,6 +126,10 @@ class Cluster:
 CLUSTERS = {
     "DGX H100": Cluster("DGX H100", 8, NVLINK, 18 * 20.6 * GBPS, 8, 50 * GBPS,
                         nvls=True, generation="hopper", channels=16),
+    "DGX H200": Cluster("DGX H200", 8, NVLINK, 18 * 20.6 * GBPS, 8, 50 * GBPS,
+                        nvls=True, generation="hopper", channels=16),
+    "DGX B200": Cluster("DGX B200", 8, NVLINK, 18 * 40.1 * GBPS, 8, 50 * GBPS,
+                        nvls=True, generation="blackwell", channels=16),
     "DGX A100": Cluster("DGX A100", 8, NVLINK, 12 * 20.0 * GBPS, 8, 25 * GBPS,
                         generation="ampere", channels=12),
     "4x RTX 4090": Cluster("4x RTX 4090", 4, PCIE, 24 * GBPS, 0, 0.0,

@@ -85,6 +85,20 @@ DEVICES = {
                                      "float16": 989.4 * TFLOPS},
                        memory_bandwidth=3350 * GBPS, memory_bytes=80e9,
                        achieved=Achieved(**KERNEL_FRACTIONS["H100 SXM"])),
+    # the H100's compute (the same GH100 chip, 132 SMs, at the same clocks)
+    # with HBM3e: 4.8 TB/s and 141 GB (NVIDIA H200 Tensor Core GPU datasheet)
+    "H200 SXM": Device("H200 SXM", {"float32": 66.9 * TFLOPS, "tf32": 494.7 * TFLOPS,
+                                     "bfloat16": 989.4 * TFLOPS,
+                                     "float16": 989.4 * TFLOPS},
+                       memory_bandwidth=4800 * GBPS, memory_bytes=141e9,
+                       achieved=Achieved(**KERNEL_FRACTIONS["H200 SXM"])),
+    # HGX B200 datasheet, dense (NVIDIA prints its tensor figures with 2:4
+    # sparsity: half of them): 2,250 TFLOP/s bf16/fp16, 1,100 TF32, 75 fp32;
+    # 7.7 TB/s HBM3e; 180 GB a GPU (the DGX B200 user guide: 1,440 GB in 8)
+    "B200": Device("B200", {"float32": 75 * TFLOPS, "tf32": 1100 * TFLOPS,
+                            "bfloat16": 2250 * TFLOPS, "float16": 2250 * TFLOPS},
+                   memory_bandwidth=7700 * GBPS, memory_bytes=180e9,
+                   achieved=Achieved(**KERNEL_FRACTIONS["B200"])),
     "A100 80GB": Device("A100 80GB", {"float32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
                                        "bfloat16": 312 * TFLOPS,
                                        "float16": 312 * TFLOPS},
