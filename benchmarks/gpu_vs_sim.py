@@ -23,7 +23,7 @@ and sets each figure beside what the simulator predicts for the same GPU
   GPU's busy time, and the kernels and operations issued per step), which
   tells the host's share of the step from the GPU's; at width 2048, where
   the GPU sets the pace, its busy time again, against the simulated
-  kernels' (fp32 products at their achieved and sustained rates);
+  kernels' (fp32 products on the CUDA cores at their achieved rate);
 - with two GPUs or more, an all-reduce sweep (`dt.bandwidth.sweep`, nccl)
   against the cluster preset's NCCL model (`ddp_teach.sim.model.comm`).
 

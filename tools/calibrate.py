@@ -118,7 +118,8 @@ CONSTANTS = [
     _module("CONV_FP32", 3, (0.05, 1.0), "V100 SXM2", "conv_fp32",
             "V100's, T4's and A100's conv_fp32"),
     _module("CONV_FP32_DOUBLED", 3, (0.05, 1.0), "H200 SXM", "conv_fp32",
-            "with H100's sustained; H100's, H200's and RTX 4090's conv_fp32"),
+            "on the CUDA cores (no sustained share); H100's, H200's, B200's and "
+            "RTX 4090's conv_fp32"),
     _link("in node"),
     _link("nvls", note="with NVLS_CHUNK_S as stored"),
     _module("NVLS_CHUNK_S", 2, (1e-8, 5e-5),

@@ -44,9 +44,6 @@ FACTS = {
         "12": "bytes per parameter of fp32 master weights and Adam's two moments "
               "(ZeRO, section 3.1: K = 12)",
         "7.5": "the 7.5-billion-parameter model of ZeRO's Table 1",
-        "141": "the H200's memory, 141 GB (NVIDIA H200 Tensor Core GPU datasheet)",
-        "192": "the B200's memory, 192 GB of HBM3e (NVIDIA Blackwell architecture "
-               "technical brief, 2024)",
     },
     "06_sharding": {
         "80": "the calculator's reference device, 80 GB (dt.widgets.zero_calculator's "

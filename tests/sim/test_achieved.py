@@ -74,9 +74,11 @@ def test_fp32_convolutions_use_tf32_as_torch_does_and_products_only_when_asked()
     finally:
         torch.set_float32_matmul_precision("highest")
         torch.backends.cudnn.allow_tf32 = True
-    # TF32 products run on the tensor cores: 156 TFLOP/s of peak against 19.5
+    # TF32 products run on the tensor cores: 156 TFLOP/s of peak against 19.5,
+    # at the tensor cores' sustained share of it in a training run
     assert fp32_s / tf32_s == pytest.approx(
-        (156 * A100.achieved.matmul) / (19.5 * A100.achieved.matmul_fp32), rel=0.02)
+        (156 * A100.achieved.matmul) / (19.5 * A100.achieved.matmul_fp32)
+        * A100.achieved.sustained, rel=0.02)
     # and TF32 convolutions at their own, calibrated share of the TF32 peak
     x = torch.empty(64, 256, 56, 56, device="meta")
     w = torch.empty(256, 256, 3, 3, device="meta")
@@ -106,14 +108,14 @@ def test_fp32_convolutions_on_the_cuda_cores_take_their_own_share():
     t4 = DEVICES["T4"]
     assert t4.achieved.conv_fp32 != t4.achieved.conv
     assert busy(t4) == pytest.approx(
-        flops / (8.1e12 * t4.achieved.conv_fp32) / t4.achieved.sustained, rel=1e-6)
+        flops / (8.1e12 * t4.achieved.conv_fp32), rel=1e-6)   # CUDA cores: no `sustained`
     try:
         torch.backends.cudnn.allow_tf32 = False
         assert busy(A100) == pytest.approx(
-            flops / (19.5e12 * A100.achieved.conv_fp32) / A100.achieved.sustained, rel=1e-6)
+            flops / (19.5e12 * A100.achieved.conv_fp32), rel=1e-6)
         no_share = replace(A100, achieved=replace(A100.achieved, conv_fp32=None))
         assert busy(no_share) == pytest.approx(   # None: the tensor cores' `conv`
-            flops / (19.5e12 * A100.achieved.conv) / A100.achieved.sustained, rel=1e-6)
+            flops / (19.5e12 * A100.achieved.conv), rel=1e-6)
     finally:
         torch.backends.cudnn.allow_tf32 = True
 
@@ -138,8 +140,8 @@ def test_no_convolution_type_is_slower_than_fp32_on_the_cuda_cores_unless_emulat
             else:
                 assert busy(device, dtype) == pytest.approx(fp32 / EMULATED), (name, dtype)
     rtx = DEVICES["RTX 4090"]
-    weak = replace(rtx, achieved=replace(rtx.achieved, conv=0.2))
-    assert weak.flops["float16"] * 0.2 < weak.flops["float32"] * weak.achieved.conv_fp32
+    weak = replace(rtx, achieved=replace(rtx.achieved, conv=0.1))
+    assert weak.flops["float16"] * 0.1 < weak.flops["float32"] * weak.achieved.conv_fp32
     assert busy(weak, "float16") == pytest.approx(busy(weak, "float32"))
 
 
@@ -362,3 +364,27 @@ def test_the_optimizers_step_counters_are_host_work_that_waits_for_no_kernel():
         big.sum().item()                   # a real .item(): the host waits
     assert issued < busy_until             # the update was issued meanwhile
     assert clock.host >= clock.clock
+
+
+def test_sustained_slows_tensor_core_work_of_a_training_run_only():
+    """`sustained` (the clock under hours of tensor-core load) divides a
+    16-bit or TF32 product, convolution or fused attention; not an fp32
+    product on the CUDA cores, not a memory-bound kernel, and never a
+    benchmark's burst."""
+    from ddp_teach.sim.model.efficiency import matmul_seconds, rate_seconds
+    h100 = DEVICES["H100 SXM"]
+    a = h100.achieved
+    assert a.sustained < 1
+
+    def ratio(fn, *args, **kwargs):
+        run = fn(h100, a, *args, **kwargs) - a.kernel_s
+        burst = fn(h100, a, *args, **kwargs, burst=True) - a.kernel_s
+        return run / burst
+    assert ratio(matmul_seconds, 4096, 4096, 4096, dtype="bfloat16") == pytest.approx(1 / a.sustained)
+    assert ratio(matmul_seconds, 4096, 4096, 4096, dtype="tf32") == pytest.approx(1 / a.sustained)
+    assert ratio(matmul_seconds, 4096, 4096, 4096, dtype="float32") == pytest.approx(1)
+    assert ratio(rate_seconds, "attention", 1e12, 0, "bfloat16") == pytest.approx(1 / a.sustained)
+    assert ratio(rate_seconds, "attention", 1e12, 0, "float32") == pytest.approx(1)
+    assert ratio(rate_seconds, "conv", 1e12, 0, "float16") == pytest.approx(1 / a.sustained)
+    assert ratio(rate_seconds, "conv", 1e12, 0, "float32") == pytest.approx(1)
+    assert ratio(rate_seconds, "memory", 0, 1e9) == pytest.approx(1)

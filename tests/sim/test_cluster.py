@@ -66,9 +66,10 @@ def test_other_presets_land_within_tolerance_of_published_busbw(name, ranks, pub
 
 def test_small_messages_cost_nccl_latency_not_a_ring_of_alphas():
     sim = Simulation("H100 SXM", cluster="DGX H100")
-    # NCCL's ring LL on 8 GPUs: 6.6 us base + 14 hops of 0.6 us
+    # NCCL's ring LL on 8 GPUs: 6.6 us base + 14 hops of 0.6 us, and the
+    # kilobyte itself on the one channel such a small buffer runs on (0.2 us)
     assert predict.collective("all_reduce", 1 * KIB, 8, sim) == pytest.approx(
-        15e-6, rel=0.01)
+        15.2e-6, rel=0.01)
     # across 4 nodes a tree: log2 of the nodes, not 62 ring steps
     assert predict.collective("all_reduce", 1 * KIB, 32, sim) < 40e-6
 
@@ -198,3 +199,28 @@ def test_below_one_round_nvls_fills_channels_one_by_one_so_its_time_stays_flat()
     # one channel moves the 128 KiB at a sixteenth of the bandwidth: well above
     # the latency (17 us in that run), where spread over all 16 it would not be
     assert times[128] - times[1] > 10e-6
+
+
+def test_a_small_ring_or_tree_runs_on_fewer_channels_than_its_estimate():
+    """NCCL's enqueue.cc launches a ring or tree on one channel per
+    threads x threshold bytes (Simple 512 x 64 = 32 KiB; LL 512 x 8 x ranks
+    for a ring; LL128 640 x 8), at most all of them; NVLS keeps its own.
+    A collective's bandwidth scales with the channels it runs on."""
+    from ddp_teach.sim.model import comm, nccl
+    from ddp_teach.sim.model.cluster import cluster
+    ring = {p: nccl.Plan("ring", p, 0.0, 1.0) for p in nccl.PROTOCOLS}
+    assert nccl.channels_used(ring["Simple"], 64 * 1024, 8, 16) == 2
+    assert nccl.channels_used(ring["Simple"], 16 * 2 ** 20, 8, 16) == 16
+    assert nccl.channels_used(ring["LL"], 64 * 1024, 8, 16) == 2      # 32 KiB each on 8 ranks
+    assert nccl.channels_used(ring["LL"], 64 * 1024, 2, 16) == 8      # 8 KiB each on 2
+    assert nccl.channels_used(ring["LL128"], 10 * 5120, 8, 16) == 10
+    assert nccl.channels_used(ring["Simple"], 100, 8, 16) == 1
+    tree = nccl.Plan("tree", "LL", 0.0, 1.0)
+    assert nccl.channels_used(tree, 64 * 1024, 8, 16) == 16           # no x ranks for a tree
+    assert nccl.channels_used(nccl.Plan("nvls", "Simple", 0.0, 1.0), 1024, 8, 16) == 16
+    dgx = cluster("DGX H100")
+    plan = nccl.choose("all_reduce", 64 * 1024, 8, 1, dgx)
+    assert plan.algorithm == "ring" and plan.protocol == "LL"
+    moved = comm.collective_seconds("all_reduce", 64 * 1024, 8, dgx) - plan.latency_s
+    full = 64 * 1024 / (plan.bandwidth * comm.calibrated.LINK_FRACTIONS["in node"])
+    assert moved == pytest.approx(full * 16 / 2)

@@ -27,15 +27,15 @@ LINK_FRACTIONS["nvls"] and NVLS_CHUNK_S.
 KERNEL_S = 3.74e-6
 # the share of the fp32 peak fp32 convolutions reach on the CUDA cores, counted
 # against a direct convolution's FLOPs (cuDNN's Winograd 3x3 kernels do fewer
-# multiplications, so it can come near 1); one share for every preset, a stated
-# assumption
-CONV_FP32 = 0.943
+# multiplications, so it can come near 1); on GPUs with 64 fp32 units per SM
+# (Volta, Turing, the A100), solved on a V100
+CONV_FP32 = 0.796
 # the same share on GPUs whose fp32 peak counts 128 fp32 units per SM, half of
 # them sharing issue slots with integer work (Hopper, Ada, Ampere's GA10x, by
 # NVIDIA's architecture whitepapers; the V100 and A100 have 64): cuDNN's
 # convolutions keep much less of that doubled peak. Solved on the course's
 # own H200 (an H100's SMs), with TF32 off
-CONV_FP32_DOUBLED = 0.558
+CONV_FP32_DOUBLED = 0.379
 # the share of its full-mask rate a fused attention kernel keeps with a causal mask
 CAUSAL = 0.8698
 # the share of the fp32 CUDA-core rate a 16-bit product keeps on a GPU without
@@ -56,18 +56,19 @@ OVERLAP_SLOWDOWN = 1.189
 # presets' Achieved from these).
 KERNEL_FRACTIONS = {
     "H100 SXM": dict(sms=132, matmul=0.851, memory=0.8866, attention=0.3314,
-                     conv=0.436, kernel_s=KERNEL_S, sustained=0.719,
-                     attention_cudnn=0.5697, matmul_fp32=0.779, conv_tf32=0.258,
+                     conv=0.398, kernel_s=KERNEL_S, sustained=0.679,
+                     attention_cudnn=0.5697, matmul_fp32=0.779, conv_tf32=0.246,
                      conv_fp32=CONV_FP32_DOUBLED),
     "A100 80GB": dict(sms=108, matmul=0.815, memory=0.8337, attention=0.5753,
-                      conv=0.436, kernel_s=KERNEL_S, sustained=0.888,
-                      matmul_fp32=0.986, conv_tf32=0.258, conv_fp32=CONV_FP32),
+                      conv=0.398, kernel_s=KERNEL_S, sustained=0.877,
+                      matmul_fp32=0.986, conv_tf32=0.246, conv_fp32=CONV_FP32),
 }
 # H100's conv and conv_tf32 are A100's (no H100 convolution run calibrates
-# them). V100, T4 and RTX 4090 take A100's other fractions with their own SM
-# counts (datasheets: 80, 40 and 128 SMs), a stated assumption that the
-# ResNet-50 rows of V100 and T4 check; V100's fp32 products take A100's
-# tensor-core fraction.
+# them; the course's H200 rows in AMP and TF32 check them, within 11%). V100,
+# T4 and RTX 4090 take A100's other fractions with their own SM counts
+# (datasheets: 80, 40 and 128 SMs), a stated assumption that the ResNet-50
+# rows of V100 and T4 check; V100's fp32 products take A100's tensor-core
+# fraction.
 KERNEL_FRACTIONS["V100 SXM2"] = {**KERNEL_FRACTIONS["A100 80GB"], "sms": 80,
                                  "matmul_fp32": None}
 KERNEL_FRACTIONS["T4"] = {**KERNEL_FRACTIONS["A100 80GB"], "sms": 40, "matmul": 0.645,

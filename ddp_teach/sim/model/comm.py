@@ -5,10 +5,13 @@ model estimates; its latencies agree with measurements, but real runs move
 bytes more slowly than its bandwidth estimates, by an amount that depends
 on the algorithm. So a collective is charged
 
-    NCCL's latency + bytes / (NCCL's bandwidth x LINK_FRACTIONS[kind])
+    NCCL's latency + bytes / (NCCL's bandwidth x LINK_FRACTIONS[kind]
+                              x channels used / channels)
 
-with `kind` one of four, each fraction solved from ONE published
-measurement (a "calibrate" row of `benchmarks/sim_vs_published.md`):
+(a small buffer's ring or tree is launched on fewer channels than NCCL's
+estimate counted: `nccl.channels_used`), with `kind` one of four, each
+fraction solved from ONE published measurement (a "calibrate" row of
+`benchmarks/sim_vs_published.md`):
 
 - "in node" (ring or tree inside one node): all-reduce of 16 GiB on 8x
   H200 with NVLS off, 367.2 GB/s busbw, nccl-tests, NCCL 2.27.7
@@ -94,7 +97,8 @@ def collective_seconds(op: str, nbytes: float, ranks, cluster,
     plan = nccl.choose(op, nbytes, len(ranks), nodes, cluster, algorithm)
     if len(ranks) == 1:
         return 0.0
-    bandwidth = plan.bandwidth * calibrated.LINK_FRACTIONS[kind_of(plan, nodes)]
+    bandwidth = plan.bandwidth * calibrated.LINK_FRACTIONS[kind_of(plan, nodes)] \
+        * nccl.channels_used(plan, nbytes, len(ranks), cluster.channels) / cluster.channels
     if plan.algorithm == "nvls":
         return plan.latency_s + nvls_chunks_seconds(nbytes, bandwidth, len(ranks) // nodes)
     return plan.latency_s + nbytes / bandwidth

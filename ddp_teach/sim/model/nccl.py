@@ -121,6 +121,27 @@ def choose(op: str, nbytes: float, ranks: int, nodes: int, cluster,
     return min(options, key=lambda plan: plan.seconds(nbytes))
 
 
+# enqueue.cc's topoGetAlgoInfo (v2.27.7-1) launches a ring or tree on fewer
+# channels than its estimate assumed while nbytes < channels x threads x
+# threshold: comm.h's NCCL_{LL,LL128,SIMPLE}_THREAD_THRESHOLD (8, 8, 64
+# bytes a thread; a ring's LL threshold is x nRanks, tuning.cc) and the
+# threads a channel runs (NCCL_{LL,LL128,SIMPLE}_MAX_NTHREADS: 512, 640, 512)
+THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
+
+
+def channels_used(plan: Plan, nbytes: float, ranks: int, channels: int) -> int:
+    """How many of its `channels` NCCL runs `plan` on for `nbytes`: fewer
+    for small buffers (ring and tree only; NVLS keeps all of its own). The
+    time estimate that chose the plan counts all of them, so the launch is
+    slower than NCCL's own estimate by channels / channels_used."""
+    if plan.algorithm not in ("ring", "tree"):
+        return channels
+    threshold = THREAD_THRESHOLD[plan.protocol] * (
+        ranks if plan.algorithm == "ring" and plan.protocol == "LL" else 1)
+    return max(1, min(channels, int(nbytes // (MAX_THREADS[plan.protocol] * threshold))))
+
+
 def _check(op, ranks, nodes, nbytes):
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
