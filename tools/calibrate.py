@@ -127,6 +127,7 @@ CONSTANTS = [
     _module("NVLS_ONE_CHANNEL_S", 2, (1e-8, 5e-5)),
     _link("across nodes"),
     _link("nvls tree"),
+    _link("host memory", note="simulated on the Kaggle preset (2 GPUs, PCIe 3.0, no P2P)"),
 ]
 # the pairs solved from two rows together: {time constant: its fraction}.
 # Both rows give both; the time constant was then rounded to its figures and

@@ -224,3 +224,26 @@ def test_a_small_ring_or_tree_runs_on_fewer_channels_than_its_estimate():
     moved = comm.collective_seconds("all_reduce", 64 * 1024, 8, dgx) - plan.latency_s
     full = 64 * 1024 / (plan.bandwidth * comm.calibrated.LINK_FRACTIONS["in node"])
     assert moved == pytest.approx(full * 16 / 2)
+
+
+def test_without_peer_to_peer_a_node_talks_through_host_memory():
+    """A node whose GPUs cannot reach each other's memory (p2p=False: GeForce
+    cards, many VMs, NCCL_P2P_DISABLE=1) stages every byte through the host:
+    NCCL picks the same plan, and the bytes move at the "host memory"
+    fraction of its estimate instead of the "in node" one; a point-to-point
+    send too. Only a PCIe node can be without it."""
+    from dataclasses import replace
+    from ddp_teach.sim.model import calibrated, comm
+    kaggle = cluster("2x T4 (Kaggle)")
+    assert not kaggle.p2p and not cluster("2x RTX 4090 (no P2P)").p2p
+    assert cluster("4x RTX 4090").p2p and cluster("DGX H100").p2p
+    direct = replace(kaggle, p2p=True)
+    fractions = calibrated.LINK_FRACTIONS
+    for nbytes in (GIB, 256 * MIB):
+        plan = nccl.choose("all_reduce", nbytes, 2, 1, kaggle)
+        staged = comm.collective_seconds("all_reduce", nbytes, 2, kaggle) - plan.latency_s
+        peer = comm.collective_seconds("all_reduce", nbytes, 2, direct) - plan.latency_s
+        assert staged / peer == pytest.approx(fractions["in node"] / fractions["host memory"])
+    assert comm.p2p_seconds(GIB, 0, 1, kaggle) > 2.5 * comm.p2p_seconds(GIB, 0, 1, direct)
+    with pytest.raises(ValueError, match="host memory over PCIe"):
+        Cluster("bad", 8, "NVLink", 1e11, 0, 0.0, p2p=False)

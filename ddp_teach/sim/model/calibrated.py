@@ -101,9 +101,10 @@ COPIED_FROM = {"H100 SXM": ("A100 80GB", ("conv", "conv_tf32")),
 # The fraction of NCCL's own bandwidth estimate a collective reaches, by the
 # kind of algorithm (`ddp_teach.sim.model.comm.kind_of`): ring or tree inside one
 # node, NVLink SHARP inside one node, ring or tree over the network, NVLS in
-# each node with a tree between them.
+# each node with a tree between them, ring or tree inside a node through host
+# memory (no peer-to-peer).
 LINK_FRACTIONS = {"in node": 0.991, "nvls": 0.974, "across nodes": 0.907,
-                  "nvls tree": 0.549}
+                  "nvls tree": 0.549, "host memory": 0.333}
 # one NVLS chunk's fixed cost with every channel working, and with one alone
 # (`ddp_teach.sim.model.comm` says how chunks are charged)
 NVLS_CHUNK_S = 5.4e-6
@@ -141,4 +142,5 @@ SOLVED_FROM = {
     "NVLS_ONE_CHANNEL_S": ("all-reduce-128-kib-8-gpus-nvls",),
     "LINK_FRACTIONS['across nodes']": ("all-reduce-32-gpus-in-4-nodes",),
     "LINK_FRACTIONS['nvls tree']": ("all-reduce-512-mib-16-gpus-in-2-nodes",),
+    "LINK_FRACTIONS['host memory']": ("all-reduce-1-gib-2-gpus-pcie-3-no-p2p",),
 }

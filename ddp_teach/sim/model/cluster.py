@@ -35,8 +35,15 @@ SM100_NVLINK_BW = 40.1 GB/s, 721.8 GB/s per direction; 8x ConnectX-7
 H100's 16: extrapolation); NVIDIA
 DGX A100 (8x A100 SXM 80GB, NVLink 3 through six NVSwitches; 8x ConnectX-6
 HDR 200 Gb/s); a workstation of 4x RTX 4090 on PCIe 4.0 x16 with
-peer-to-peer on (no NVLink); and Kaggle's 2x T4 (PCIe 3.0, one machine, no
-network between machines).
+peer-to-peer on (no NVLink; a patched driver: NVIDIA's own turns it off on
+GeForce cards); the same cards as most desktops run them, 2x RTX 4090 with
+no peer-to-peer; and Kaggle's 2x T4 (PCIe 3.0, one machine, no network
+between machines), taken to have no peer-to-peer, as most cloud VMs give
+(an assumption: check with `torch.cuda.can_device_access_peer(0, 1)`).
+Without peer-to-peer NCCL still rates the path through the CPU at the PCIe
+link's figure (the lesser of the two legs, src/graph/paths.cc), so its
+choice of algorithm is unchanged; real runs are far slower, which the
+"host memory" fraction of `ddp_teach.sim.model.comm` charges.
 """
 import math
 from dataclasses import dataclass
@@ -59,7 +66,12 @@ class Cluster:
     nvls: the switch reduces in place (NVLink SHARP, NCCL's NVLS algorithm);
     generation: the GPU generation NCCL's tuning tables use ("volta" also
     covers Turing, "ampere" also Ada);
-    channels: how many rings (or trees) NCCL runs at once inside a node."""
+    channels: how many rings (or trees) NCCL runs at once inside a node;
+    p2p: the GPUs of a node read and write each other's memory over the
+    fabric (peer-to-peer). False: NCCL stages every transfer through host
+    memory (its SHM transport), as on GeForce cards, whose driver turns
+    peer access off, in many VMs and containers, or under
+    NCCL_P2P_DISABLE=1; `torch.cuda.can_device_access_peer(0, 1)` tells."""
     name: str
     gpus_per_node: int
     fabric: str
@@ -69,6 +81,7 @@ class Cluster:
     nvls: bool = False
     generation: str = "hopper"
     channels: int = 16
+    p2p: bool = True
 
     def __post_init__(self):
         for field in ("gpus_per_node", "channels"):
@@ -93,6 +106,10 @@ class Cluster:
                                        and math.isfinite(self.nic_bandwidth)):
             raise ValueError(f"Cluster {self.name!r}: nic_bandwidth must be "
                              f"finite and > 0 bytes/s; got {self.nic_bandwidth!r}")
+        if not self.p2p and self.fabric != PCIE:
+            raise ValueError(f"Cluster {self.name!r}: without peer-to-peer (p2p="
+                             "False) the GPUs talk through host memory over PCIe: "
+                             f"give fabric={PCIE!r}")
         if self.nvls and self.fabric != NVLINK:
             raise ValueError(f"Cluster {self.name!r}: NVLink SHARP (nvls) needs "
                              "an NVLink fabric")
@@ -135,7 +152,9 @@ CLUSTERS = {
     "4x RTX 4090": Cluster("4x RTX 4090", 4, PCIE, 24 * GBPS, 0, 0.0,
                            generation="ampere", channels=2),
     "2x T4 (Kaggle)": Cluster("2x T4 (Kaggle)", 2, PCIE, 12 * GBPS, 0, 0.0,
-                              generation="volta", channels=2),
+                              generation="volta", channels=2, p2p=False),
+    "2x RTX 4090 (no P2P)": Cluster("2x RTX 4090 (no P2P)", 2, PCIE, 24 * GBPS, 0, 0.0,
+                                    generation="ampere", channels=2, p2p=False),
 }
 
 

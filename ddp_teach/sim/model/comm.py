@@ -24,6 +24,12 @@ fraction solved from ONE published measurement (a "calibrate" row of
   8x H100 with 8x 400 Gb/s InfiniBand each, 330.93 GB/s busbw, NCCL 2.24.3
   (Voltage Park / Georgia Tech benchmark, as published in
   aigatech/vpbenchmarking); taken at 4 GiB;
+- "host memory" (a ring or tree inside a node whose GPUs have no
+  peer-to-peer, `Cluster.p2p` False: every byte goes GPU -> host memory ->
+  GPU, NCCL's SHM transport): all-reduce of 1 GiB on 2x RTX 2080 Ti on
+  PCIe 3.0 x16 with no P2P, 4.00 GB/s busbw, nccl-tests, NCCL of CUDA 12.4
+  (Anthony-Hoo/Anthony-Hoo.github.io, posts/AutoDL_Multi-GPU_Interconnection
+  _Test.md), simulated on the Kaggle preset, the same class of machine;
 - "nvls tree" (NVLS in each node, a tree between them): all-reduce of 512
   MiB on 2 nodes of 8x H20 (NVLink 4, 8x NDR 400 Gb/s per node), 3,219 us,
   NCCL 2.21.5 (NVIDIA/nccl issue 1244).
@@ -77,13 +83,15 @@ from ddp_teach.sim.model.cluster import NVLINK
 NVLS_CHANNELS = 16        # NCCL_NVLS_NCHANNELS' default (src/transport/nvls.cc)
 
 
-def kind_of(plan, nodes: int) -> str:
-    """Which achieved fraction applies to a plan on `nodes` nodes."""
+def kind_of(plan, nodes: int, cluster) -> str:
+    """Which achieved fraction applies to a plan on `nodes` nodes of `cluster`."""
     if plan.algorithm == "nvls":
         return "nvls"
     if plan.algorithm == "nvls_tree":
         return "nvls tree"
-    return "in node" if nodes == 1 else "across nodes"
+    if nodes > 1:
+        return "across nodes"
+    return "in node" if cluster.p2p else "host memory"
 
 
 def collective_seconds(op: str, nbytes: float, ranks, cluster,
@@ -97,7 +105,7 @@ def collective_seconds(op: str, nbytes: float, ranks, cluster,
     plan = nccl.choose(op, nbytes, len(ranks), nodes, cluster, algorithm)
     if len(ranks) == 1:
         return 0.0
-    bandwidth = plan.bandwidth * calibrated.LINK_FRACTIONS[kind_of(plan, nodes)] \
+    bandwidth = plan.bandwidth * calibrated.LINK_FRACTIONS[kind_of(plan, nodes, cluster)] \
         * nccl.channels_used(plan, nbytes, len(ranks), cluster.channels) / cluster.channels
     if plan.algorithm == "nvls":
         return plan.latency_s + nvls_chunks_seconds(nbytes, bandwidth, len(ranks) // nodes)
@@ -145,7 +153,8 @@ def p2p_seconds(nbytes: float, source: int, target: int, cluster) -> float:
     ring_simple = nccl.PROTOCOLS.index("Simple")
     if nodes == 1:
         hop = nccl.HOP_LATENCY_US["NVLink" if cluster.fabric == NVLINK else "PCIe"]
-        bandwidth = cluster.fabric_bandwidth * calibrated.LINK_FRACTIONS["in node"]
+        bandwidth = cluster.fabric_bandwidth * calibrated.LINK_FRACTIONS[
+            "in node" if cluster.p2p else "host memory"]
     else:
         hop = nccl.HOP_LATENCY_US["net"]
         share = cluster.network_bandwidth / cluster.gpus_per_node

@@ -79,19 +79,17 @@ class Device:
         return self.launch_s + max(flops / peak, nbytes / self.memory_bandwidth)
 
 
+# an H100 SXM's and an H200's peaks (the same GH100 chip at the same clocks)
+HOPPER_FLOPS = {"float32": 66.9 * TFLOPS, "tf32": 494.7 * TFLOPS,
+                "bfloat16": 989.4 * TFLOPS, "float16": 989.4 * TFLOPS}
+
 DEVICES = {
-    "H100 SXM": Device("H100 SXM", {"float32": 66.9 * TFLOPS, "tf32": 494.7 * TFLOPS,
-                                     "bfloat16": 989.4 * TFLOPS,
-                                     "float16": 989.4 * TFLOPS},
-                       memory_bandwidth=3350 * GBPS, memory_bytes=80e9,
-                       achieved=Achieved(**KERNEL_FRACTIONS["H100 SXM"])),
+    "H100 SXM": Device("H100 SXM", dict(HOPPER_FLOPS), memory_bandwidth=3350 * GBPS,
+                       memory_bytes=80e9, achieved=Achieved(**KERNEL_FRACTIONS["H100 SXM"])),
     # the H100's compute (the same GH100 chip, 132 SMs, at the same clocks)
     # with HBM3e: 4.8 TB/s and 141 GB (NVIDIA H200 Tensor Core GPU datasheet)
-    "H200 SXM": Device("H200 SXM", {"float32": 66.9 * TFLOPS, "tf32": 494.7 * TFLOPS,
-                                     "bfloat16": 989.4 * TFLOPS,
-                                     "float16": 989.4 * TFLOPS},
-                       memory_bandwidth=4800 * GBPS, memory_bytes=141e9,
-                       achieved=Achieved(**KERNEL_FRACTIONS["H200 SXM"])),
+    "H200 SXM": Device("H200 SXM", dict(HOPPER_FLOPS), memory_bandwidth=4800 * GBPS,
+                       memory_bytes=141e9, achieved=Achieved(**KERNEL_FRACTIONS["H200 SXM"])),
     # HGX B200 datasheet, dense (NVIDIA prints its tensor figures with 2:4
     # sparsity: half of them): 2,250 TFLOP/s bf16/fp16, 1,100 TF32, 75 fp32;
     # 7.7 TB/s HBM3e; 180 GB a GPU (the DGX B200 user guide: 1,440 GB in 8)
