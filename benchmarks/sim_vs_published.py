@@ -98,6 +98,7 @@ def report(table, took_s: float) -> str:
     ]
     lines += [f"- {row.what} ({ratio:.2f}): {row.note or 'no explanation yet.'}"
               for row, ratio in out] or ["- none"]
+    lines += ["", *_coverage(table)]
     lines += [
         "",
         "## What the simulated training rows assume",
@@ -126,6 +127,61 @@ def report(table, took_s: float) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# what no validation row within tolerance covers, said where the model is used
+EXTRAPOLATION = [
+    "B200: every kernel fraction but its bf16 products is the H100's (one "
+    "memory row checks it); no collective or training run on B200s or DGX B200 "
+    "nodes is in the table.",
+    "PCIe 4.0 without peer-to-peer: its one row misses by 2x (how the host "
+    "path is wired is not modelled).",
+    "Medium buffers (about 256 KiB to 4 MiB) across nodes, and the latency "
+    "floors of virtual machines: their rows miss (see above).",
+    "Steps set by the host's pace (small models): the simulator charges one "
+    "eager operation's issue time per operation, and real training steps pay "
+    "two to three times that (the capstone rows).",
+    "Training runs larger than the largest GPU count above, and any "
+    "configuration the rows above do not name (other models, optimizers, "
+    "schedules): the model's arithmetic holds there, but no measurement does.",
+]
+
+
+def _binary(nbytes: int) -> str:
+    """A buffer size as nccl-tests names it: 64 KiB, 1 MiB, 8 GiB."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:g} {unit}"
+    return f"{nbytes} B"
+
+
+def _coverage(table) -> list:
+    """Where the validation rows within tolerance lie, per preset: their
+    groups, GPU counts and collective sizes; then what is extrapolation."""
+    covered = {}
+    for row, simulated in table:
+        if row.role != "validate" or not LOW <= simulated / row.published <= HIGH:
+            continue
+        args = getattr(row.simulate, "keywords", {})  # a row's simulate call
+        where = args.get("cluster") or args.get("device") or "H100 SXM"
+        entry = covered.setdefault(where, {"groups": set(), "gpus": set(), "bytes": set()})
+        entry["groups"].add(row.group)
+        entry["gpus"].add(args.get("ranks") or args.get("gpus") or 1)
+        if "nbytes" in args:
+            entry["bytes"].add(args["nbytes"])
+    lines = ["## Where the simulator is checked, and where it extrapolates", "",
+             "The validation rows within tolerance, by the preset they simulate:", "",
+             "| preset | what | GPUs | collective sizes |", "|---|---|---|---|"]
+    for where, entry in sorted(covered.items()):
+        low, high = (min(entry["bytes"]), max(entry["bytes"])) if entry["bytes"] else (0, 0)
+        sizes = ("-" if not high else _binary(low) if low == high
+                 else f"{_binary(low)} to {_binary(high)}")
+        gpus = sorted(entry["gpus"])
+        lines.append(f"| {where} | {', '.join(sorted(entry['groups']))} | "
+                     f"{gpus[0]}{f' to {gpus[-1]}' if len(gpus) > 1 else ''} | {sizes} |")
+    lines += ["", "Extrapolation (no validation row within tolerance):", ""]
+    lines += [f"- {item}" for item in EXTRAPOLATION]
+    return lines
 
 
 def main() -> None:
