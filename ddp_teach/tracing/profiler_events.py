@@ -23,8 +23,12 @@ inside the autograd engine's `evaluate_function`, "forward" inside a
 "optimizer" inside `Optimizer.step` / `zero_grad`; the timeline's drawing
 colours those phases.
 
-An event's `nbytes` is the size of the collective's input as the profiler
-recorded it: for DDP's all-reduce, the bucket.
+A communication event gets the course's `op` (`ddp_teach.tracing.operations`)
+from its collective's name, and `nbytes` as the profiler recorded the
+message: on a GPU the whole buffer, as the course's own events count it (an
+all-gather's output, a reduce-scatter's input: the larger of Kineto's "In"
+and "Out msg nelems"); with gloo the tensors its span lists as inputs (for
+DDP's all-reduce, the bucket).
 """
 import bisect
 import re
@@ -81,7 +85,8 @@ def rank_events(trace: dict, rank: int, path, shift_us: float) -> list[Event]:
             f"ncclDevKernel*) and no gloo collective (gloo:*); {hint}")
     found += _kernel_compute(spans, kernels) if kernels else _cpu_compute(spans)
     return [Event(rank, name, kind, (e["ts"] + shift_us) * US,
-                  (e["ts"] + shift_us) * US + e["dur"] * US, nbytes)
+                  (e["ts"] + shift_us) * US + e["dur"] * US, nbytes,
+                  op=collective_op(name) if kind == COMM else "")
             for name, kind, e, nbytes in found]
 
 
@@ -98,8 +103,26 @@ def _nccl_comm(kernels):
         args = kernel.get("args", {})
         name = (f"nccl:{args['Collective name']}" if "Collective name" in args
                 else _short_kernel(kernel["name"]))
-        nbytes = int(args.get("In msg nelems", 0)) * ELEMENT_BYTES.get(args.get("dtype"), 0)
-        yield name, COMM, kernel, nbytes
+        # the whole buffer, as the course's events count it: an all-gather's
+        # output, a reduce-scatter's input (the larger of the two)
+        nelems = max(int(args.get("In msg nelems", 0)), int(args.get("Out msg nelems", 0)))
+        yield name, COMM, kernel, nelems * ELEMENT_BYTES.get(args.get("dtype"), 0)
+
+
+# the operation of a collective as Kineto and gloo name it ("allreduce",
+# "_allgather_base", "reduce_scatter_tensor_coalesced", "gloo:all_gather"),
+# most specific first
+_OPS = (("reducescatter", "reduce_scatter"), ("allgather", "all_gather"),
+        ("allreduce", "all_reduce"), ("alltoall", "all_to_all"),
+        ("broadcast", "broadcast"), ("barrier", "barrier"), ("send", "send"),
+        ("recv", "recv"), ("reduce", "reduce"))
+
+
+def collective_op(name: str) -> str:
+    """The course's operation (`ddp_teach.tracing.operations`) of a
+    communication event named `name` by a trace, or the name itself."""
+    squeezed = name.split(":", 1)[-1].lower().replace("_", "")
+    return next((op for key, op in _OPS if key in squeezed), name)
 
 
 def _gloo_comm(spans):

@@ -332,3 +332,29 @@ def test_the_hand_made_gpu_traces_use_the_fields_of_a_real_one():
             assert type(real_event[key]) is type(made_event[key]) or {
                 type(real_event[key]), type(made_event[key])} <= {int, float}, key
     assert first(real, "Collective name")["args"]["dtype"] in ELEMENT_BYTES
+
+
+def test_communication_events_carry_the_courses_operation_and_whole_buffer(tmp_path):
+    """As the course's own events: `op` from the collective's name whatever
+    its spelling, and an all-gather's bytes its whole output (Kineto's
+    "Out msg nelems"), not its shard."""
+    from ddp_teach.tracing.profiler_events import collective_op
+    assert [collective_op(n) for n in (
+        "nccl:allreduce", "nccl:_allgather_base", "nccl:reduce_scatter_tensor_coalesced",
+        "gloo:all_gather", "nccl:all_to_allv", "nccl:broadcast", "nccl:send",
+        "gloo:reduce", "nccl:mystery")] == [
+        "all_reduce", "all_gather", "reduce_scatter", "all_gather", "all_to_all",
+        "broadcast", "send", "reduce", "nccl:mystery"]
+
+    def gather(trace):  # the first bucket's all-reduce, made an all-gather of 4 shards
+        for e in trace["traceEvents"]:
+            if e.get("cat") == "kernel" and "Collective name" in e.get("args", {}):
+                e["args"].update({"Collective name": "_allgather_base",
+                                  "In msg nelems": 1000, "Out msg nelems": 4000})
+                break
+    for rank in (0, 1):
+        rewrite(DATA / f"gpu_rank{rank}.json", tmp_path / f"rank{rank}.json", gather)
+    comm = dt.Timeline.from_torch_profiler(tmp_path).filter(kind=COMM, rank=0).events
+    assert [(e.op, e.nbytes) for e in comm] == [("all_gather", 4000 * 4),
+                                               ("all_reduce", 131584 * 4)]
+    assert comm[0].name == "nccl:_allgather_base"
