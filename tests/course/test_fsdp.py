@@ -5,6 +5,7 @@ after every forward and backward; communication must be the paper's 3 Psi
 per step, 1.5x plain data parallelism.
 """
 import gc
+import time
 import weakref
 
 import pytest
@@ -169,6 +170,20 @@ def test_wrapping_twice_is_refused(trained):
 
 # ---- the full parameters are freed ------------------------------------------
 
+def alive(refs, settle_s=1.0) -> int:
+    """How many of the weak references `refs` still reach a tensor, once
+    gloo has let go: its worker thread drops its own reference to a
+    collective's tensors a moment after the call returns, later on a loaded
+    machine, so a buffer nobody else holds is given up to `settle_s`."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        gc.collect()
+        count = sum(ref() is not None for ref in refs)
+        if count == 0 or time.monotonic() > deadline:
+            return count
+        time.sleep(0.01)
+
+
 def freeing_worker(rank, world_size, prefetch, keep_saved_tensors):
     """Weak references to every gathered buffer: which are still alive after
     forward and after backward? `keep_saved_tensors` switches the pack hook
@@ -185,14 +200,11 @@ def freeing_worker(rank, world_size, prefetch, keep_saved_tensors):
 
     dist.all_gather_single = recording_all_gather
     loss = fsdp(batch(0, rank)[0].requires_grad_()).square().sum()
-    gc.collect()
-    alive_after_forward = sum(ref() is not None for ref in buffers)
+    alive_after_forward = alive(buffers)
     gathered_in_forward = len(buffers)
     loss.backward()
-    gc.collect()
     return dict(forward=(gathered_in_forward, alive_after_forward),
-                backward=(len(buffers) - gathered_in_forward,
-                          sum(ref() is not None for ref in buffers)),
+                backward=(len(buffers) - gathered_in_forward, alive(buffers)),
                 units=fsdp.gathered_units(),
                 grads=[p.grad is not None for p in fsdp.parameters()])
 
